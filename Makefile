@@ -1,0 +1,40 @@
+# autoshard — the two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+SHARED ?= ../shared
+IOPDDL := $(SHARED)/benchmarks/iopddl
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+# Installs torch first (pinned: a bare `torch` requirement would pull a CUDA build), then the project.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	@echo "== autoshard solve: the IOPDDL example (optimum 445) =="
+	$(BIN)/autoshard solve $(IOPDDL)/example.json --backend highs --time-limit 10
+	@echo "== autoshard solve: IOPDDL instance G (816 nodes, contest limit 120 s) =="
+	$(BIN)/autoshard solve $(IOPDDL)/asplos-2025-iopddl-G.json.gz --backend auto --time-limit 120 --out results-G.json > /dev/null
+	@$(BIN)/python -c "import json; r = json.load(open('results-G.json')); print({k: r[k] for k in ('status', 'cost', 'bound', 'gap', 'seconds', 'backend')})"
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python benchmarks/iopddl.py --threads 2
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache results-*.json

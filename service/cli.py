@@ -1,0 +1,105 @@
+"""The `autoshard` command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+app = typer.Typer(
+    help="autoshard: whole-graph sharding plans from an integer program, with certified gaps.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+#: Exit codes of `autoshard solve`.
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 2, 3
+
+
+@app.callback()
+def main() -> None:
+    """autoshard: whole-graph sharding plans from an integer program, with certified gaps."""
+
+
+@app.command()
+def solve(
+    problem: Annotated[Path, typer.Argument(help="IOPDDL problem, .json or .json.gz")],
+    backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="seconds", min=0.1)] = 60.0,
+    threads: Annotated[int, typer.Option(help="solver threads", min=1)] = 2,
+    out: Annotated[Path | None, typer.Option(help="also write the result JSON here")] = None,
+    seed: Annotated[int, typer.Option(help="heuristic seed")] = 0,
+    no_reductions: Annotated[bool, typer.Option("--no-reductions", help="hand the raw problem over")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
+) -> None:
+    """Solve a strategy-selection problem; print the result JSON (progress goes to stderr).
+
+    Exit 0 with a solution, 3 when the problem is infeasible, 2 for bad input.
+    """
+    from solver.errors import InfeasibleError, ProblemError
+    from solver.iopddl import load
+    from solver.solve import solve as run_solve
+
+    if backend not in ("cbc", "highs", "cpsat", "heuristic", "auto"):
+        _fail(f"--backend: unknown backend {backend!r}; choose cbc, highs, cpsat, heuristic or auto", EXIT_BAD_INPUT)
+    try:
+        parsed = load(problem)
+    except ProblemError as error:
+        _fail(f"bad problem: {error}", EXIT_BAD_INPUT)
+    if not quiet:
+        typer.echo(f"autoshard: {parsed.summary()}", err=True)
+    try:
+        result = run_solve(
+            parsed,
+            backend=backend,
+            time_limit=time_limit,
+            threads=threads,
+            progress=None if quiet else _print_progress,
+            seed=seed,
+            use_reductions=not no_reductions,
+        )
+    except InfeasibleError as error:
+        document = {"status": "infeasible", "solution": None, "message": str(error), "min_peak": error.min_peak}
+        _emit(document, out)
+        _fail(f"infeasible: {error}", EXIT_INFEASIBLE)
+    document = result.to_dict()
+    _emit(document, out)
+    if result.solution is None:
+        _fail(f"no solution within {time_limit:g} s", EXIT_INFEASIBLE if result.status == "infeasible" else 1)
+
+
+def _print_progress(phase: str, seconds: float, incumbent: float, bound: float) -> None:
+    gap = (incumbent - bound) / incumbent if math.isfinite(incumbent) and math.isfinite(bound) and incumbent else None
+    gap_text = f"{100 * gap:.3f}%" if gap is not None else "-"
+    typer.echo(
+        f"[{seconds:8.2f}s] {phase:<9} incumbent {_fmt(incumbent):>18}  bound {_fmt(bound):>18}  gap {gap_text}",
+        err=True,
+    )
+
+
+def _fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return "-"
+    return f"{value:,.0f}" if value == round(value) and abs(value) < 1e15 else f"{value:.6g}"
+
+
+def _emit(document: dict, out: Path | None) -> None:
+    text = json.dumps(document, indent=None, separators=(",", ": "))
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    if out is not None:
+        out.write_text(text + "\n", encoding="utf-8")
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"autoshard: {message}", err=True)
+    raise typer.Exit(code)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,259 @@
+"""Solve a `Problem`: reductions, a heuristic incumbent, an exact backend, a certificate.
+
+Pipeline: `reductions.reduce` -> `compact` (groups become super nodes) -> `heuristic_solve` (anytime,
+feasible incumbent in seconds) -> `ilp.build_program` + a backend warm-started from the incumbent, with the
+time that is left -> the best assignment, mapped back and re-costed by the independent evaluator. The bound
+is the best proven lower bound (the backend's, else every node and edge at its cheapest entry).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from solver.backends import BACKEND_NAMES, get_backend
+from solver.backends.base import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, BackendResult
+from solver.compact import CompactProblem, compact
+from solver.errors import InfeasibleError
+from solver.evaluate import evaluate
+from solver.heuristic import heuristic_solve
+from solver.ilp import build_program
+from solver.memory import min_peak_lower_bound, smallest_peak
+from solver.problem import Problem
+from solver.reductions import Reduced, reduce
+
+log = logging.getLogger(__name__)
+
+#: `auto` hands programs up to this many variables to an exact backend; larger ones to the heuristic alone.
+AUTO_EXACT_MAX_VARIABLES = 1_500_000
+#: Progress events: (phase, seconds since start, incumbent cost or inf, bound or -inf).
+ProgressCallback = Callable[[str, float, float, float], None]
+
+
+@dataclass
+class SolveResult:
+    """What `solve` returns (and the CLI prints)."""
+
+    solution: list[int] | None
+    cost: float | None
+    status: str
+    bound: float
+    gap: float | None
+    seconds: float
+    first_solution_seconds: float | None
+    variables: int
+    constraints: int
+    backend: str
+    peak_usage: int | None = None
+    usage_limit: int | None = None
+    reductions: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["bound"] = _json_number(self.bound)
+        return data
+
+
+def solve(
+    problem: Problem,
+    backend: str = "auto",
+    time_limit: float = 60.0,
+    threads: int = 2,
+    progress: ProgressCallback | None = None,
+    seed: int = 0,
+    use_reductions: bool = True,
+    heuristic_share: float | None = None,
+) -> SolveResult:
+    """Best assignment found within `time_limit` seconds, with a proven bound.
+
+    Raises `InfeasibleError` when no assignment fits the memory limit (naming the smallest reachable peak)
+    or every strategy of some node is forbidden.
+    """
+    if backend not in (*BACKEND_NAMES, "auto", "heuristic"):
+        raise ValueError(f"unknown backend {backend!r}; choose cbc, highs, cpsat, heuristic or auto")
+    started = time.perf_counter()
+    deadline = started + time_limit
+    timings: dict[str, float] = {}
+    tracker = _Tracker(started, progress)
+
+    phase = time.perf_counter()
+    reduced = reduce(problem) if use_reductions else reduce(problem, enabled=())
+    timings["reductions"] = time.perf_counter() - phase
+    phase = time.perf_counter()
+    core = compact(reduced.problem)
+    timings["compact"] = time.perf_counter() - phase
+    _check_memory_possible(core, reduced)
+
+    candidates: list[np.ndarray] = []
+    phase = time.perf_counter()
+    share = heuristic_share if heuristic_share is not None else _heuristic_share(core, backend)
+    budget = max(0.5, share * (deadline - time.perf_counter()))
+
+    def on_incumbent(cost: float, _assignment: np.ndarray) -> None:
+        tracker.incumbent("heuristic", cost + reduced.constant)
+
+    incumbent = heuristic_solve(core, time_limit=budget, seed=seed, on_incumbent=on_incumbent)
+    timings["heuristic"] = time.perf_counter() - phase
+    if incumbent is not None:
+        candidates.append(incumbent)
+
+    chosen_backend = _choose_backend(core, backend)
+    exact: BackendResult | None = None
+    variables = constraints = 0
+    if chosen_backend != "heuristic" and time.perf_counter() < deadline - 0.2:
+        phase = time.perf_counter()
+        program = build_program(core)
+        variables, constraints = program.num_variables, program.num_constraints
+        timings["build"] = time.perf_counter() - phase
+        phase = time.perf_counter()
+        exact = get_backend(chosen_backend).solve(
+            program,
+            time_limit=max(0.5, deadline - time.perf_counter()),
+            threads=threads,
+            warm_start=incumbent,
+            progress=lambda _t, cost, bound: tracker.update(chosen_backend, cost + reduced.constant, bound),
+        )
+        timings["backend"] = time.perf_counter() - phase
+        if exact.assignment is not None:
+            candidates.append(exact.assignment)
+
+    return _finish(problem, reduced, core, candidates, exact, chosen_backend, variables, constraints, tracker, timings)
+
+
+def _finish(
+    problem: Problem,
+    reduced: Reduced,
+    core: CompactProblem,
+    candidates: list[np.ndarray],
+    exact: BackendResult | None,
+    backend: str,
+    variables: int,
+    constraints: int,
+    tracker: _Tracker,
+    timings: dict[str, float],
+) -> SolveResult:
+    seconds = time.perf_counter() - tracker.started
+    bound = core.trivial_bound() + reduced.constant
+    if exact is not None and math.isfinite(exact.bound):
+        bound = max(bound, exact.bound + reduced.constant)
+    best: tuple[float, np.ndarray, int] | None = None
+    for assignment in candidates:
+        original = reduced.lift(core.lift(assignment))
+        evaluation = evaluate(problem, original)
+        if evaluation.feasible and (best is None or evaluation.cost < best[0]):
+            best = (evaluation.cost, original, evaluation.peak_usage)
+    steps = [asdict(step) for step in reduced.steps]
+    common = {
+        "seconds": seconds,
+        "first_solution_seconds": tracker.first_solution,
+        "variables": variables,
+        "constraints": constraints,
+        "backend": backend,
+        "usage_limit": problem.usage_limit,
+        "reductions": steps,
+        "timings": timings,
+    }
+    if best is None:
+        if exact is not None and exact.status == INFEASIBLE:
+            raise InfeasibleError(_infeasible_message(problem, reduced, core))
+        return SolveResult(None, None, NO_SOLUTION, _finite_or(bound, -math.inf), None, **common)  # type: ignore[arg-type]
+    cost, original, peak = best
+    if problem.is_integral and math.isfinite(bound):
+        bound = math.ceil(bound - 1e-9 * max(1.0, abs(bound)))
+    bound = min(bound, cost)
+    proven = exact is not None and exact.status == OPTIMAL and cost <= exact.objective + reduced.constant + 1e-9
+    status = OPTIMAL if proven or cost <= bound else FEASIBLE
+    if status == OPTIMAL:
+        bound = cost
+    gap = 0.0 if cost == bound else (cost - bound) / max(abs(cost), 1e-300)
+    tracker.update("final", cost, bound)
+    return SolveResult(original.tolist(), cost, status, bound, gap, peak_usage=peak, **common)  # type: ignore[arg-type]
+
+
+def _check_memory_possible(core: CompactProblem, reduced: Reduced) -> None:
+    """Refuse at once a limit below the peak that even each node's smallest usage reaches."""
+    if core.usage_limit is None:
+        return
+    lower = min_peak_lower_bound(core)
+    if lower > core.usage_limit:
+        raise InfeasibleError(
+            f"usage_limit {core.usage_limit} cannot be met: the smallest peak any assignment can reach is at "
+            f"least {lower} (every node at its smallest usage)",
+            min_peak=lower,
+        )
+    del reduced
+
+
+def _infeasible_message(problem: Problem, reduced: Reduced, core: CompactProblem) -> str:
+    peak, exact = smallest_peak(core, time_limit=30.0)
+    qualifier = "" if exact else "at least "
+    return (
+        f"usage_limit {problem.usage_limit} cannot be met: the smallest peak any assignment can reach is "
+        f"{qualifier}{peak}"
+    )
+
+
+def _heuristic_share(core: CompactProblem, backend: str) -> float:
+    """The share of the time limit the heuristic gets before an exact backend starts."""
+    if backend == "heuristic":
+        return 1.0
+    size = int(core.strategy_counts.sum())
+    if size <= 2_000:
+        return 0.02
+    if size <= 50_000:
+        return 0.1
+    return 0.3
+
+
+def _choose_backend(core: CompactProblem, backend: str) -> str:
+    if backend != "auto":
+        return backend
+    free = core.strategy_counts > 1
+    estimate = int(core.strategy_counts[free].sum()) + sum(
+        int(np.isfinite(m).sum()) for (a, b), m in zip(core.edge_nodes.tolist(), core.edge_costs, strict=True)
+        if free[a] and free[b]
+    )
+    return "highs" if estimate <= AUTO_EXACT_MAX_VARIABLES else "heuristic"
+
+
+class _Tracker:
+    """Best incumbent and bound seen so far, forwarded to the progress callback."""
+
+    def __init__(self, started: float, callback: ProgressCallback | None) -> None:
+        self.started = started
+        self.callback = callback
+        self.best = math.inf
+        self.bound = -math.inf
+        self.first_solution: float | None = None
+
+    def incumbent(self, phase: str, cost: float) -> None:
+        self.update(phase, cost, -math.inf)
+
+    def update(self, phase: str, cost: float, bound: float) -> None:
+        now = time.perf_counter() - self.started
+        if math.isfinite(cost) and self.first_solution is None:
+            self.first_solution = now
+        improved = cost < self.best or bound > self.bound
+        self.best = min(self.best, cost)
+        self.bound = max(self.bound, bound)
+        if self.callback is not None and (improved or phase == "final"):
+            self.callback(phase, now, self.best, self.bound)
+
+
+def _finite_or(value: float, default: float) -> float:
+    return value if math.isfinite(value) else default
+
+
+def _json_number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+__all__ = ["FEASIBLE", "INFEASIBLE", "SolveResult", "solve"]
