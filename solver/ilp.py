@@ -372,7 +372,7 @@ def _memory_rows(problem: CompactProblem, free: np.ndarray, x_offset: np.ndarray
 
 def _segment_cover(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Canonical segment-tree nodes covering leaf ranges ``[left, right)`` (offset by the tree size)."""
-    owners, segments = [], []
+    owners, segments = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     position = np.arange(len(left))
     left, right = left.copy(), right.copy()
     while len(position):

@@ -84,17 +84,21 @@ def from_dict(document: Any) -> Problem:
     except (TypeError, ValueError) as exc:
         raise ProblemError("problem.pins", "keys and values must be integers") from exc
     name = body.get("name", "")
-    return Problem.from_lists(
-        costs=costs,
-        usages=usages,
-        intervals=intervals,
-        edges=edge_nodes,
-        edge_costs=edge_costs,
-        usage_limit=None if limit is None else int(limit),
-        groups=groups,
-        pins=pins,
-        name=str(name),
-    )
+    try:
+        return Problem.from_lists(
+            costs=costs,
+            usages=usages,
+            intervals=intervals,
+            edges=edge_nodes,
+            edge_costs=edge_costs,
+            usage_limit=None if limit is None else int(limit),
+            groups=groups,
+            pins=pins,
+            name=str(name),
+        )
+    except ProblemError as error:
+        field_name = error.field if error.field.startswith("problem") else f"problem.{error.field}"
+        raise ProblemError(field_name, error.message) from error
 
 
 def to_dict(problem: Problem) -> dict[str, Any]:

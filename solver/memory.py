@@ -14,8 +14,9 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-from solver.backends.base import OPTIMAL
+from solver.backends.base import INFEASIBLE, OPTIMAL
 from solver.compact import CompactProblem
+from solver.errors import InfeasibleError
 from solver.ilp import build_program
 
 
@@ -39,11 +40,13 @@ def min_peak_lower_bound(problem: CompactProblem) -> int:
 
 
 def smallest_peak(problem: CompactProblem, time_limit: float = 30.0, threads: int = 1) -> tuple[int, bool]:
-    """(peak, exact): the smallest reachable peak, or a lower bound on it when time ran out."""
+    """(peak, exact): the smallest reachable peak, or a lower bound on it when time ran out.
+
+    Raises `InfeasibleError` when no assignment at all avoids the forbidden choices.
+    """
     from solver.backends.highs import HighsBackend
 
-    limit_free = dataclasses.replace(problem, usage_limit=0)
-    program = build_program(limit_free)
+    program = build_program(dataclasses.replace(problem, usage_limit=0))
     if "memory_cap" not in program.row_families:
         return 0, True
     cap_start, cap_stop = program.row_families["memory_cap"]
@@ -64,6 +67,8 @@ def smallest_peak(problem: CompactProblem, time_limit: float = 30.0, threads: in
         memory_parts=sp.hstack([program.memory_parts, sp.csr_matrix((program.memory_parts.shape[0], 1))], "csr"),
     )
     result = HighsBackend().solve(peak_program, time_limit=time_limit, threads=threads)
+    if result.status == INFEASIBLE:
+        raise InfeasibleError("no assignment avoids the forbidden strategies and strategy pairs")
     if result.status == OPTIMAL:
         return int(round(result.objective)), True
     bound = result.bound if math.isfinite(result.bound) else 0.0

@@ -54,6 +54,7 @@ class SolveResult:
     usage_limit: int | None = None
     reductions: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    size: dict[str, int] = field(default_factory=dict)
     message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,7 +91,7 @@ def solve(
     phase = time.perf_counter()
     core = compact(reduced.problem)
     timings["compact"] = time.perf_counter() - phase
-    _check_memory_possible(core, reduced)
+    _check_memory_possible(core)
 
     candidates: list[np.ndarray] = []
     phase = time.perf_counter()
@@ -151,6 +152,16 @@ def _finish(
         if evaluation.feasible and (best is None or evaluation.cost < best[0]):
             best = (evaluation.cost, original, evaluation.peak_usage)
     steps = [asdict(step) for step in reduced.steps]
+    free = core.strategy_counts > 1
+    size = {
+        "nodes": problem.num_nodes,
+        "edges": problem.num_edges,
+        "strategies": int(problem.node_offsets[-1]),
+        "reduced_strategies": int(reduced.problem.node_offsets[-1]),
+        "free_super_nodes": int(free.sum()),
+        "free_super_strategies": int(core.strategy_counts[free].sum()),
+        "reduced_edges": int(sum(1 for a, b in core.edge_nodes.tolist() if free[a] and free[b])),
+    }
     common = {
         "seconds": seconds,
         "first_solution_seconds": tracker.first_solution,
@@ -160,10 +171,11 @@ def _finish(
         "usage_limit": problem.usage_limit,
         "reductions": steps,
         "timings": timings,
+        "size": size,
     }
     if best is None:
         if exact is not None and exact.status == INFEASIBLE:
-            raise InfeasibleError(_infeasible_message(problem, reduced, core))
+            raise _peak_error(core, time_limit=30.0)
         return SolveResult(None, None, NO_SOLUTION, _finite_or(bound, -math.inf), None, **common)  # type: ignore[arg-type]
     cost, original, peak = best
     if problem.is_integral and math.isfinite(bound):
@@ -178,26 +190,23 @@ def _finish(
     return SolveResult(original.tolist(), cost, status, bound, gap, peak_usage=peak, **common)  # type: ignore[arg-type]
 
 
-def _check_memory_possible(core: CompactProblem, reduced: Reduced) -> None:
+def _check_memory_possible(core: CompactProblem) -> None:
     """Refuse at once a limit below the peak that even each node's smallest usage reaches."""
-    if core.usage_limit is None:
-        return
-    lower = min_peak_lower_bound(core)
-    if lower > core.usage_limit:
-        raise InfeasibleError(
-            f"usage_limit {core.usage_limit} cannot be met: the smallest peak any assignment can reach is at "
-            f"least {lower} (every node at its smallest usage)",
-            min_peak=lower,
-        )
-    del reduced
+    if core.usage_limit is not None and min_peak_lower_bound(core) > core.usage_limit:
+        raise _peak_error(core, time_limit=10.0)
 
 
-def _infeasible_message(problem: Problem, reduced: Reduced, core: CompactProblem) -> str:
-    peak, exact = smallest_peak(core, time_limit=30.0)
+def _peak_error(core: CompactProblem, time_limit: float) -> InfeasibleError:
+    """The error for an infeasible problem, naming the smallest peak any assignment can reach."""
+    try:
+        peak, exact = smallest_peak(core, time_limit=time_limit)
+    except InfeasibleError as error:
+        return error
     qualifier = "" if exact else "at least "
-    return (
-        f"usage_limit {problem.usage_limit} cannot be met: the smallest peak any assignment can reach is "
-        f"{qualifier}{peak}"
+    return InfeasibleError(
+        f"usage_limit {core.usage_limit} cannot be met: the smallest peak any assignment can reach is "
+        f"{qualifier}{peak}",
+        min_peak=peak,
     )
 
 

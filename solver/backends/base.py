@@ -54,3 +54,13 @@ class Backend(Protocol):
 def integral_objective(program: IntegerProgram) -> bool:
     """True when every objective coefficient and the constant are integers (gaps below 1 then close)."""
     return bool(np.all(program.objective == np.round(program.objective))) and float(program.constant).is_integer()
+
+
+def empty_program_result(program: IntegerProgram) -> BackendResult | None:
+    """The answer for a program without variables (every node constant), which some solvers refuse."""
+    if program.num_variables:
+        return None
+    if np.any(program.row_lower > 1e-9) or np.any(program.row_upper < -1e-9):
+        return BackendResult.nothing(0.0, INFEASIBLE, math.inf)
+    assignment = np.zeros(len(program.x_offset), dtype=np.int64)
+    return BackendResult(OPTIMAL, assignment, program.constant, program.constant, 0.0, 0.0)

@@ -1,4 +1,4 @@
-"""CBC backend: the CBC binary that PuLP ships, fed a free-format MPS file written vectorised.
+"""CBC backend: the CBC binary PuLP runs (from `pulp[cbc]`), fed a free-format MPS file written vectorised.
 
 PuLP's own model objects cost a Python object per variable, too slow for programs with millions of
 columns; the program is already a sparse matrix, so it is written straight to MPS and handed to the same
@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pulp
 
 from solver.backends.base import (
     FEASIBLE,
@@ -23,6 +22,7 @@ from solver.backends.base import (
     NO_SOLUTION,
     OPTIMAL,
     BackendResult,
+    empty_program_result,
     ProgressSink,
     integral_objective,
 )
@@ -32,12 +32,19 @@ _INCUMBENT = re.compile(r"Integer solution of (\S+) found")
 _NODES = re.compile(r"best solution, best possible (\S+)")
 _PARTIAL = re.compile(r"best objective (\S+), took .*?\(best possible (\S+)\)|best objective (\S+) \(best possible (\S+)\)")
 _BOUND_LINE = re.compile(r"^Lower bound:\s+(\S+)")
-_CONTINUOUS = re.compile(r"Continuous objective value is (\S+)")
+_CONTINUOUS = re.compile(r"Continuous objective value is (\S+)|LP Optimal .*Obj: (\S+)")
 
 
 def cbc_path() -> str:
-    """The CBC executable bundled with PuLP."""
-    return pulp.PULP_CBC_CMD(msg=False).path
+    """The CBC executable: the one `pulp[cbc]` installs (cbcbox), else the binary bundled with PuLP 3."""
+    try:
+        import cbcbox
+
+        return str(cbcbox.cbc_bin_path())
+    except (ImportError, OSError):
+        from pulp.apis.coin_api import PULP_CBC_CMD
+
+        return str(PULP_CBC_CMD.pulp_cbc_path)
 
 
 class CbcBackend:
@@ -51,6 +58,8 @@ class CbcBackend:
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
     ) -> BackendResult:
+        if (empty := empty_program_result(program)) is not None:
+            return empty
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="autoshard-cbc-") as folder:
             model_path = Path(folder) / "model.mps"
@@ -146,7 +155,7 @@ def _run_with_progress(
             if nodes:
                 bound = max(bound, float(nodes.group(1)) + program.constant)
             if continuous:
-                bound = max(bound, float(continuous.group(1)) + program.constant)
+                bound = max(bound, _number(continuous.group(1) or continuous.group(2)) + program.constant)
             if progress is not None and (found or nodes or continuous):
                 progress(time.perf_counter() - started, incumbent, bound)
             if time.perf_counter() - started > time_limit + 30:
@@ -161,7 +170,8 @@ def _read_result(program: IntegerProgram, solution_path: Path, log: list[str], s
         for pattern in (_NODES, _CONTINUOUS, _BOUND_LINE):
             match = pattern.search(line)
             if match:
-                bound = max(bound, _number(match.group(1)) + program.constant)
+                value = next(g for g in match.groups() if g is not None)
+                bound = max(bound, _number(value) + program.constant)
         partial = _PARTIAL.search(line)
         if partial:
             values = [g for g in partial.groups() if g is not None]
@@ -187,6 +197,7 @@ def _read_result(program: IntegerProgram, solution_path: Path, log: list[str], s
     if optimal:
         tolerance = 0.999 if integral_objective(program) else 1e-9 * max(1.0, abs(objective))
         bound = max(bound, objective - tolerance)
+    first_seconds = seconds if first_seconds is None else first_seconds
     return BackendResult(OPTIMAL if optimal else FEASIBLE, assignment, objective, bound, seconds, first_seconds)
 
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from solver.backends.base import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, BackendResult, ProgressSink
+from solver.backends.base import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, BackendResult, ProgressSink, empty_program_result
 from solver.ilp import IntegerProgram
 
 _OBJECTIVE_BITS = 62
@@ -45,6 +45,8 @@ class CpSatBackend:
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
     ) -> BackendResult:
+        if (empty := empty_program_result(program)) is not None:
+            return empty
         started = time.perf_counter()
         scale = objective_scale(program.objective)
         model, variables = _build_model(program, scale)

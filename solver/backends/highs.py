@@ -16,6 +16,7 @@ from solver.backends.base import (
     NO_SOLUTION,
     OPTIMAL,
     BackendResult,
+    empty_program_result,
     ProgressSink,
     integral_objective,
 )
@@ -33,6 +34,8 @@ class HighsBackend:
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
     ) -> BackendResult:
+        if (empty := empty_program_result(program)) is not None:
+            return empty
         started = time.perf_counter()
         highs = quiet_highs()
         highs.setOptionValue("time_limit", max(0.01, float(time_limit)))

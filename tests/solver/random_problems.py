@@ -1,0 +1,91 @@
+"""Random small problems and a vectorised brute force, shared by the solver tests."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from solver.problem import Problem
+
+
+def random_problem(
+    rng: np.random.Generator,
+    nodes: tuple[int, int] = (2, 6),
+    strategies: tuple[int, int] = (1, 3),
+    with_limit: bool | None = None,
+    forbidden_rate: float = 0.15,
+    groups: bool = False,
+    pins: bool = False,
+    parallel_edges: bool = True,
+) -> Problem:
+    """A small random problem: integer costs, some forbidden entries, intervals (some empty), a limit."""
+    n = int(rng.integers(nodes[0], nodes[1] + 1))
+    counts = rng.integers(strategies[0], strategies[1] + 1, size=n)
+    costs = [rng.integers(0, 50, size=c).astype(float) for c in counts]
+    for c in costs:
+        c[rng.random(len(c)) < forbidden_rate / 2] = np.inf
+    usages = [rng.integers(0, 20, size=c) for c in counts]
+    starts = rng.integers(0, 10, size=n)
+    lengths = rng.integers(0, 8, size=n)
+    intervals = np.stack([starts, starts + lengths], axis=1)
+    edges, matrices = [], []
+    pairs = [(u, v) for u in range(n) for v in range(u + 1, n)]
+    for u, v in pairs:
+        copies = 1 + int(parallel_edges and rng.random() < 0.15)
+        for _ in range(copies if rng.random() < 0.6 else 0):
+            a, b = (u, v) if rng.random() < 0.5 else (v, u)
+            matrix = rng.integers(0, 40, size=(counts[a], counts[b])).astype(float)
+            matrix[rng.random(matrix.shape) < forbidden_rate] = np.inf
+            edges.append((a, b))
+            matrices.append(matrix)
+    group_list: list[list[int]] = []
+    if groups:
+        by_count: dict[int, list[int]] = {}
+        for i, c in enumerate(counts.tolist()):
+            by_count.setdefault(c, []).append(i)
+        for members in by_count.values():
+            if len(members) >= 2 and rng.random() < 0.7:
+                group_list.append(members[:2])
+    pin_map = {}
+    if pins and rng.random() < 0.7:
+        node = int(rng.integers(0, n))
+        pin_map[node] = int(rng.integers(0, counts[node]))
+    limit = None
+    if with_limit or (with_limit is None and rng.random() < 0.6):
+        limit = int(rng.integers(0, 60))
+    return Problem.from_lists(
+        costs=costs,
+        usages=usages,
+        intervals=intervals,
+        edges=edges,
+        edge_costs=matrices,
+        usage_limit=limit,
+        groups=group_list,
+        pins=pin_map,
+        name="random",
+    )
+
+
+def brute_force(problem: Problem) -> tuple[float | None, np.ndarray | None]:
+    """(optimal cost, one optimal assignment) by enumerating every assignment; (None, None) if infeasible."""
+    counts = problem.strategy_counts.tolist()
+    assignments = np.array(list(itertools.product(*[range(c) for c in counts])), dtype=np.int64)
+    cost = problem.costs[problem.node_offsets[:-1] + assignments].sum(axis=1)
+    for e in range(problem.num_edges):
+        u, v = problem.edge_nodes[e]
+        cost = cost + problem.edge_matrix(e)[assignments[:, u], assignments[:, v]]
+    ok = np.isfinite(cost)
+    if problem.usage_limit is not None:
+        used = problem.usages[problem.node_offsets[:-1] + assignments]
+        for t in range(int(problem.intervals.max(initial=0)) + 1):
+            alive = (problem.intervals[:, 0] <= t) & (t < problem.intervals[:, 1])
+            ok &= used[:, alive].sum(axis=1) <= problem.usage_limit
+    for members in problem.groups:
+        ok &= (assignments[:, list(members)] == assignments[:, [members[0]]]).all(axis=1)
+    for node, strategy in problem.pins.items():
+        ok &= assignments[:, node] == strategy
+    if not ok.any():
+        return None, None
+    best = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
+    return float(cost[best]), assignments[best]

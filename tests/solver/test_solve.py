@@ -1,0 +1,76 @@
+"""The whole pipeline (reductions, heuristic, backend, certificate) against brute force and real instances."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from solver import iopddl
+from solver.errors import InfeasibleError
+from solver.evaluate import evaluate
+from solver.problem import Problem
+from solver.solve import solve
+from tests.solver.random_problems import brute_force, random_problem
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks" / "iopddl"
+
+
+@pytest.mark.parametrize("backend", ["highs", "cbc", "cpsat", "auto"])
+def test_pipeline_matches_brute_force(backend: str) -> None:
+    rng = np.random.default_rng(11)
+    for case in range(40):
+        problem = random_problem(rng, nodes=(2, 7), groups=case % 2 == 0, pins=case % 3 == 0)
+        expected, _ = brute_force(problem)
+        if expected is None:
+            with pytest.raises(InfeasibleError):
+                solve(problem, backend=backend, time_limit=10, threads=1)
+            continue
+        result = solve(problem, backend=backend, time_limit=10, threads=1)
+        assert result.status == "optimal", (case, result)
+        assert result.cost == expected, (case, result.cost, expected)
+        assert result.bound == expected and result.gap == 0
+        assert evaluate(problem, result.solution).feasible
+
+
+def test_g_is_solved_to_proven_optimality() -> None:
+    problem = iopddl.load(SHARED / "asplos-2025-iopddl-G.json.gz")
+    result = solve(problem, backend="highs", time_limit=120, threads=2)
+    assert result.status == "optimal"
+    assert result.cost == 217_039
+    assert result.bound == 217_039
+    assert evaluate(problem, result.solution).cost == 217_039
+
+
+def test_memory_infeasibility_names_the_smallest_peak() -> None:
+    problem = Problem.from_lists(
+        costs=[[1, 5], [1, 5]],
+        usages=[[10, 4], [10, 6]],
+        intervals=[[0, 4], [2, 6]],
+        edges=[[0, 1]],
+        edge_costs=[[[0, 1], [1, 0]]],
+        usage_limit=9,
+    )
+    with pytest.raises(InfeasibleError) as error:
+        solve(problem, backend="highs", time_limit=5)
+    assert error.value.min_peak == 10
+    assert "smallest peak any assignment can reach is 10" in str(error.value)
+
+
+def test_forbidden_everywhere_is_infeasible_with_a_clear_message() -> None:
+    problem = Problem.from_lists(costs=[[1, 2], [1, 2]], edges=[[0, 1]], edge_costs=[[[math.inf] * 2] * 2])
+    with pytest.raises(InfeasibleError, match="forbidden"):
+        solve(problem, backend="highs", time_limit=5)
+
+
+def test_time_limit_still_returns_the_best_feasible_solution() -> None:
+    problem = iopddl.load(SHARED / "asplos-2025-iopddl-A.json.gz")
+    result = solve(problem, backend="auto", time_limit=8, threads=2)
+    assert result.solution is not None
+    assert result.status in ("feasible", "optimal")
+    evaluation = evaluate(problem, result.solution)
+    assert evaluation.feasible and evaluation.cost == result.cost
+    assert result.bound <= result.cost
+    assert result.first_solution_seconds is not None and result.first_solution_seconds < 8
