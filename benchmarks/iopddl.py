@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from solver import iopddl  # noqa: E402
-from solver.errors import InfeasibleError  # noqa: E402
-from solver.solve import solve  # noqa: E402
+from solver import iopddl
+from solver.errors import InfeasibleError
+from solver.solve import solve
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "iopddl"
 #: instance -> (contest time limit in seconds, reference cost)
@@ -28,8 +28,21 @@ INSTANCES = {
     "M": (180.0, 49_928_460_991),
     "S": (240.0, 1_534_613_444),
 }
-COLUMNS = ("instance", "nodes", "edges", "strategies", "after reductions", "backend", "status", "cost", "bound",
-           "gap", "seconds", "first sol. s", "x reference")
+COLUMNS = (
+    "instance",
+    "nodes",
+    "edges",
+    "strategies",
+    "after reductions",
+    "backend",
+    "status",
+    "cost",
+    "bound",
+    "gap",
+    "seconds",
+    "first sol. s",
+    "x reference",
+)
 
 
 def run(instance: str, backend: str, threads: int, time_scale: float) -> dict:
@@ -42,8 +55,13 @@ def run(instance: str, backend: str, threads: int, time_scale: float) -> dict:
         return {"instance": instance, "backend": backend, "status": "infeasible", "message": str(error)}
     row = result.to_dict()
     row.pop("solution")
-    row.update(instance=instance, requested_backend=backend, wall=time.perf_counter() - started,
-               reference=reference, limit=limit * time_scale)
+    row.update(
+        instance=instance,
+        requested_backend=backend,
+        wall=time.perf_counter() - started,
+        reference=reference,
+        limit=limit * time_scale,
+    )
     row["ratio"] = result.cost / reference if result.cost is not None else None
     return row
 
@@ -58,8 +76,8 @@ def table(rows: list[dict]) -> str:
             f"{size.get('edges', 0):,}",
             f"{size.get('strategies', 0):,}",
             f"{size.get('free_super_strategies', 0):,}",
-            f"{row.get('requested_backend', row['backend'])}" + (
-                f" ({row['backend']})" if row.get("backend") != row.get("requested_backend") else ""),
+            f"{row.get('requested_backend', row['backend'])}"
+            + (f" ({row['backend']})" if row.get("backend") != row.get("requested_backend") else ""),
             row["status"],
             f"{row['cost']:,.0f}" if row.get("cost") is not None else "-",
             f"{row['bound']:,.0f}" if row.get("bound") is not None else "-",
@@ -73,7 +91,9 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--instances", default="A,G,M,S")
     parser.add_argument("--backends", default="cbc,highs,cpsat,auto")
     parser.add_argument("--threads", type=int, default=2)

@@ -46,7 +46,10 @@ def solve(
     from solver.solve import solve as run_solve
 
     if backend not in ("cbc", "highs", "cpsat", "heuristic", "auto"):
-        _fail(f"--backend: unknown backend {backend!r}; choose cbc, highs, cpsat, heuristic or auto", EXIT_BAD_INPUT)
+        _fail(
+            f"--backend: unknown backend {backend!r}; choose cbc, highs, cpsat, heuristic or auto",
+            EXIT_BAD_INPUT,
+        )
     try:
         parsed = load(problem)
     except ProblemError as error:
@@ -64,7 +67,12 @@ def solve(
             use_reductions=not no_reductions,
         )
     except InfeasibleError as error:
-        document = {"status": "infeasible", "solution": None, "message": str(error), "min_peak": error.min_peak}
+        document = {
+            "status": "infeasible",
+            "solution": None,
+            "message": str(error),
+            "min_peak": error.min_peak,
+        }
         _emit(document, out)
         _fail(f"infeasible: {error}", EXIT_INFEASIBLE)
     document = result.to_dict()
@@ -74,10 +82,15 @@ def solve(
 
 
 def _print_progress(phase: str, seconds: float, incumbent: float, bound: float) -> None:
-    gap = (incumbent - bound) / incumbent if math.isfinite(incumbent) and math.isfinite(bound) and incumbent else None
+    gap = (
+        (incumbent - bound) / incumbent
+        if math.isfinite(incumbent) and math.isfinite(bound) and incumbent
+        else None
+    )
     gap_text = f"{100 * gap:.3f}%" if gap is not None else "-"
     typer.echo(
-        f"[{seconds:8.2f}s] {phase:<9} incumbent {_fmt(incumbent):>18}  bound {_fmt(bound):>18}  gap {gap_text}",
+        f"[{seconds:8.2f}s] {phase:<9} incumbent {_fmt(incumbent):>18}  "
+        f"bound {_fmt(bound):>18}  gap {gap_text}",
         err=True,
     )
 

@@ -43,7 +43,9 @@ def check_assignment(problem: Problem, solution: Sequence[int] | np.ndarray) -> 
     bad = np.flatnonzero((chosen < 0) | (chosen >= problem.strategy_counts))
     if len(bad):
         i = int(bad[0])
-        raise ProblemError(f"solution[{i}]", f"strategy {chosen[i]} is outside 0..{problem.strategy_counts[i] - 1}")
+        raise ProblemError(
+            f"solution[{i}]", f"strategy {chosen[i]} is outside 0..{problem.strategy_counts[i] - 1}"
+        )
     return chosen
 
 

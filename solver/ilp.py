@@ -128,7 +128,9 @@ def build_program(problem: CompactProblem) -> IntegerProgram:
     row_families: dict[str, tuple[int, int]] = {}
     next_row = 0
 
-    def add_family(name: str, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, lo: np.ndarray, up: np.ndarray):
+    def add_family(
+        name: str, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, lo: np.ndarray, up: np.ndarray
+    ):
         nonlocal next_row
         blocks_rows.append(rows + next_row)
         blocks_cols.append(cols)
@@ -148,8 +150,12 @@ def build_program(problem: CompactProblem) -> IntegerProgram:
     num_y = len(edges.y_cost)
     memory = _memory_rows(problem, free, x_offset, num_x + num_y)
     if memory is not None:
-        add_family("memory_def", memory.def_rows, memory.def_cols, memory.def_vals, memory.def_lo, memory.def_up)
-        add_family("memory_cap", memory.cap_rows, memory.cap_cols, memory.cap_vals, memory.cap_lo, memory.cap_up)
+        add_family(
+            "memory_def", memory.def_rows, memory.def_cols, memory.def_vals, memory.def_lo, memory.def_up
+        )
+        add_family(
+            "memory_cap", memory.cap_rows, memory.cap_cols, memory.cap_vals, memory.cap_lo, memory.cap_up
+        )
     num_m = memory.num_aux if memory is not None else 0
     timings["memory"] = time.perf_counter() - started
 
@@ -185,7 +191,7 @@ def build_program(problem: CompactProblem) -> IntegerProgram:
 
 
 def _fold_constant_ends(problem: CompactProblem, free: np.ndarray) -> tuple[list[np.ndarray], float]:
-    """Node costs with every edge that has a constant end folded in, and the constant part of the objective."""
+    """Node costs with every edge that has a constant end folded in; the constant part of the objective."""
     node_costs = [c.copy() for c in problem.costs]
     constant = math.fsum(float(node_costs[k][0]) for k in np.flatnonzero(~free))
     for (a, b), matrix in zip(problem.edge_nodes.tolist(), problem.edge_costs, strict=True):
@@ -212,14 +218,18 @@ class _EdgeVariables:
     in_rows: tuple[np.ndarray, ...]
 
 
-def _edge_variables(problem: CompactProblem, free: np.ndarray, x_offset: np.ndarray, y_start: int) -> _EdgeVariables:
+def _edge_variables(
+    problem: CompactProblem, free: np.ndarray, x_offset: np.ndarray, y_start: int
+) -> _EdgeVariables:
     """``y`` columns for the finite entries of edges between free nodes, and their marginal rows."""
     counts = problem.strategy_counts
     chosen = [e for e, (a, b) in enumerate(problem.edge_nodes.tolist()) if free[a] and free[b]]
     if not chosen:
         empty_i, empty_f = np.zeros(0, np.int64), np.zeros(0)
         rows = (empty_i, empty_i, empty_f, empty_f, empty_f)
-        return _EdgeVariables(empty_f, empty_i, np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64), rows, rows)
+        return _EdgeVariables(
+            empty_f, empty_i, np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64), rows, rows
+        )
     free_edges = problem.edge_nodes[chosen]
     a, b = free_edges[:, 0], free_edges[:, 1]
     size_a, size_b = counts[a], counts[b]
@@ -292,7 +302,9 @@ def memory_row_times(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return points[:-1][starts_here & ends_next]
 
 
-def _memory_rows(problem: CompactProblem, free: np.ndarray, x_offset: np.ndarray, m_start: int) -> _MemoryRows | None:
+def _memory_rows(
+    problem: CompactProblem, free: np.ndarray, x_offset: np.ndarray, m_start: int
+) -> _MemoryRows | None:
     """Memory rows over the maximal time steps, with terms shared through a segment tree."""
     if problem.usage_limit is None or len(problem.term_node) == 0:
         return None
@@ -316,7 +328,7 @@ def _memory_rows(problem: CompactProblem, free: np.ndarray, x_offset: np.ndarray
 
     varying = covers & free[term_node] & (usage_max[keep] > usage_min)
     terms = np.flatnonzero(varying)
-    size = 1 << max(1, int(math.ceil(math.log2(max(num_rows, 1)))))
+    size = 1 << max(1, math.ceil(math.log2(max(num_rows, 1))))
     term_of, segment_of = _segment_cover(first[terms] + size, stop[terms] + size)
     used_segments, segment_index = np.unique(segment_of, return_inverse=True)
     num_aux = len(used_segments)

@@ -54,7 +54,9 @@ def from_dict(document: Any) -> Problem:
     intervals = nodes.get("intervals")
     for field_name, values in (("usages", usages), ("intervals", intervals)):
         if values is not None and (not isinstance(values, list) or len(values) != len(costs)):
-            raise ProblemError(f"problem.nodes.{field_name}", f"must be a list with one entry per node ({len(costs)})")
+            raise ProblemError(
+                f"problem.nodes.{field_name}", f"must be a list with one entry per node ({len(costs)})"
+            )
     _check_numbers(costs, "problem.nodes.costs")
     if usages is not None:
         _check_numbers(usages, "problem.nodes.usages")
@@ -74,7 +76,9 @@ def from_dict(document: Any) -> Problem:
     if limit is not None and not _is_int(limit):
         raise ProblemError("problem.usage_limit", "must be an integer")
     groups = body.get("groups", [])
-    if not isinstance(groups, list) or not all(isinstance(g, list) and all(_is_int(x) for x in g) for g in groups):
+    if not isinstance(groups, list) or not all(
+        isinstance(g, list) and all(_is_int(x) for x in g) for g in groups
+    ):
         raise ProblemError("problem.groups", "must be a list of lists of node indices")
     pins_raw = body.get("pins", {})
     if not isinstance(pins_raw, dict):
@@ -168,4 +172,6 @@ def _check_numbers(rows: list[Any], field_name: str) -> None:
             if isinstance(x, float) and not math.isfinite(x):
                 raise ProblemError(f"{field_name}[{i}]", f"holds {x!r}")
             if isinstance(x, int) and _EXACT_FLOAT_LIMIT < x < FORBIDDEN_INT:
-                raise ProblemError(f"{field_name}[{i}]", f"value {x} is too large to hold exactly (max 2**53)")
+                raise ProblemError(
+                    f"{field_name}[{i}]", f"value {x} is too large to hold exactly (max 2**53)"
+                )

@@ -26,7 +26,9 @@ def min_peak_lower_bound(problem: CompactProblem) -> int:
         return 0
     smallest = np.array(
         [
-            int(usage[np.isfinite(problem.costs[k])].min()) if np.isfinite(problem.costs[k]).any() else int(usage.min())
+            int(usage[np.isfinite(problem.costs[k])].min())
+            if np.isfinite(problem.costs[k]).any()
+            else int(usage.min())
             for k, usage in zip(problem.term_node.tolist(), problem.term_usages, strict=True)
         ],
         dtype=np.int64,
@@ -34,8 +36,12 @@ def min_peak_lower_bound(problem: CompactProblem) -> int:
     starts, ends = problem.term_intervals[:, 0], problem.term_intervals[:, 1]
     times = np.unique(starts)
     order_s, order_e = np.argsort(starts), np.argsort(ends)
-    started = np.concatenate([[0], np.cumsum(smallest[order_s])])[np.searchsorted(starts[order_s], times, "right")]
-    ended = np.concatenate([[0], np.cumsum(smallest[order_e])])[np.searchsorted(ends[order_e], times, "right")]
+    started = np.concatenate([[0], np.cumsum(smallest[order_s])])[
+        np.searchsorted(starts[order_s], times, "right")
+    ]
+    ended = np.concatenate([[0], np.cumsum(smallest[order_e])])[
+        np.searchsorted(ends[order_e], times, "right")
+    ]
     return int((started - ended).max())
 
 
@@ -51,7 +57,10 @@ def smallest_peak(problem: CompactProblem, time_limit: float = 30.0, threads: in
         return 0, True
     cap_start, cap_stop = program.row_families["memory_cap"]
     peak_column = sp.csr_matrix(
-        (-np.ones(cap_stop - cap_start), (np.arange(cap_start, cap_stop), np.zeros(cap_stop - cap_start, int))),
+        (
+            -np.ones(cap_stop - cap_start),
+            (np.arange(cap_start, cap_stop), np.zeros(cap_stop - cap_start, int)),
+        ),
         shape=(program.num_constraints, 1),
     )
     objective = np.zeros(program.num_variables + 1)
@@ -64,12 +73,14 @@ def smallest_peak(problem: CompactProblem, time_limit: float = 30.0, threads: in
         col_lower=np.append(program.col_lower, 0.0),
         col_upper=np.append(program.col_upper, np.inf),
         is_integer=np.append(program.is_integer, False),
-        memory_parts=sp.hstack([program.memory_parts, sp.csr_matrix((program.memory_parts.shape[0], 1))], "csr"),
+        memory_parts=sp.hstack(
+            [program.memory_parts, sp.csr_matrix((program.memory_parts.shape[0], 1))], "csr"
+        ),
     )
     result = HighsBackend().solve(peak_program, time_limit=time_limit, threads=threads)
     if result.status == INFEASIBLE:
         raise InfeasibleError("no assignment avoids the forbidden strategies and strategy pairs")
     if result.status == OPTIMAL:
-        return int(round(result.objective)), True
+        return round(result.objective), True
     bound = result.bound if math.isfinite(result.bound) else 0.0
-    return max(int(math.ceil(bound - 1e-6)), min_peak_lower_bound(problem)), False
+    return max(math.ceil(bound - 1e-6), min_peak_lower_bound(problem)), False

@@ -74,7 +74,11 @@ class Problem:
                 if len(c) != len(u):
                     raise ProblemError(f"nodes.usages[{i}]", f"has {len(u)} entries for {len(c)} strategies")
             flat_usages = _flat_int([np.asarray(u).ravel() for u in usages], "nodes.usages")
-        iv = np.zeros((n, 2), dtype=np.int64) if intervals is None else _int_array(intervals, "nodes.intervals")
+        iv = (
+            np.zeros((n, 2), dtype=np.int64)
+            if intervals is None
+            else _int_array(intervals, "nodes.intervals")
+        )
         en = _int_array(edges, "edges.nodes").reshape(-1, 2) if len(edges) else np.zeros((0, 2), np.int64)
         mats = [np.asarray(c, dtype=np.float64).ravel() for c in edge_costs]
         if len(mats) != len(en):
@@ -126,7 +130,9 @@ class Problem:
         if len(self.costs) != self.node_offsets[-1] or len(self.usages) != len(self.costs):
             raise ProblemError("nodes.usages", "must have one entry per strategy")
         if np.isnan(self.costs).any():
-            raise ProblemError(f"nodes.costs[{self._node_of(np.flatnonzero(np.isnan(self.costs))[0])}]", "is NaN")
+            raise ProblemError(
+                f"nodes.costs[{self._node_of(np.flatnonzero(np.isnan(self.costs))[0])}]", "is NaN"
+            )
         if (self.costs < 0).any():
             bad = self._node_of(np.flatnonzero(self.costs < 0)[0])
             raise ProblemError(f"nodes.costs[{bad}]", "has a negative cost")
@@ -136,7 +142,9 @@ class Problem:
         if self.intervals.shape != (n, 2):
             raise ProblemError("nodes.intervals", f"must be {n} pairs [start, end)")
         if (self.intervals < 0).any():
-            raise ProblemError(f"nodes.intervals[{int(np.argwhere(self.intervals < 0)[0, 0])}]", "is negative")
+            raise ProblemError(
+                f"nodes.intervals[{int(np.argwhere(self.intervals < 0)[0, 0])}]", "is negative"
+            )
         m = self.num_edges
         if self.edge_nodes.shape != (m, 2) or len(self.edge_offsets) != m + 1:
             raise ProblemError("edges.nodes", "must be pairs [u, v], one per cost matrix")
@@ -156,17 +164,22 @@ class Problem:
                 u, v = self.edge_nodes[e]
                 raise ProblemError(
                     f"edges.costs[{e}]",
-                    f"has {got[e]} entries; nodes {u} and {v} have {counts[u]} x {counts[v]} = {want[e]} strategy pairs",
+                    f"has {got[e]} entries; nodes {u} and {v} have "
+                    f"{counts[u]} x {counts[v]} = {want[e]} strategy pairs",
                 )
         if len(self.edge_costs) != self.edge_offsets[-1]:
             raise ProblemError("edges.costs", "length does not match the edge offsets")
         if np.isnan(self.edge_costs).any():
-            e = int(np.searchsorted(self.edge_offsets, np.flatnonzero(np.isnan(self.edge_costs))[0], "right") - 1)
+            e = int(
+                np.searchsorted(self.edge_offsets, np.flatnonzero(np.isnan(self.edge_costs))[0], "right") - 1
+            )
             raise ProblemError(f"edges.costs[{e}]", "is NaN")
         if (self.edge_costs < 0).any():
             e = int(np.searchsorted(self.edge_offsets, np.flatnonzero(self.edge_costs < 0)[0], "right") - 1)
             raise ProblemError(f"edges.costs[{e}]", "has a negative cost")
-        if self.usage_limit is not None and (not isinstance(self.usage_limit, int | np.integer) or self.usage_limit < 0):
+        if self.usage_limit is not None and (
+            not isinstance(self.usage_limit, int | np.integer) or self.usage_limit < 0
+        ):
             raise ProblemError("usage_limit", "must be a non-negative integer")
         self._validate_groups_and_pins()
 
@@ -226,7 +239,9 @@ class Problem:
     @cached_property
     def is_integral(self) -> bool:
         """True when every finite cost is an integer (IOPDDL problems are)."""
-        finite = np.concatenate([self.costs[np.isfinite(self.costs)], self.edge_costs[np.isfinite(self.edge_costs)]])
+        finite = np.concatenate(
+            [self.costs[np.isfinite(self.costs)], self.edge_costs[np.isfinite(self.edge_costs)]]
+        )
         return bool(np.all(finite == np.round(finite)))
 
     # ----------------------------------------------------------------- identity

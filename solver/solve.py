@@ -126,7 +126,9 @@ def solve(
         if exact.assignment is not None:
             candidates.append(exact.assignment)
 
-    return _finish(problem, reduced, core, candidates, exact, chosen_backend, variables, constraints, tracker, timings)
+    return _finish(
+        problem, reduced, core, candidates, exact, chosen_backend, variables, constraints, tracker, timings
+    )
 
 
 def _finish(
@@ -181,7 +183,9 @@ def _finish(
     if problem.is_integral and math.isfinite(bound):
         bound = math.ceil(bound - 1e-9 * max(1.0, abs(bound)))
     bound = min(bound, cost)
-    proven = exact is not None and exact.status == OPTIMAL and cost <= exact.objective + reduced.constant + 1e-9
+    proven = (
+        exact is not None and exact.status == OPTIMAL and cost <= exact.objective + reduced.constant + 1e-9
+    )
     status = OPTIMAL if proven or cost <= bound else FEASIBLE
     if status == OPTIMAL:
         bound = cost
@@ -227,7 +231,8 @@ def _choose_backend(core: CompactProblem, backend: str) -> str:
         return backend
     free = core.strategy_counts > 1
     estimate = int(core.strategy_counts[free].sum()) + sum(
-        int(np.isfinite(m).sum()) for (a, b), m in zip(core.edge_nodes.tolist(), core.edge_costs, strict=True)
+        int(np.isfinite(m).sum())
+        for (a, b), m in zip(core.edge_nodes.tolist(), core.edge_costs, strict=True)
         if free[a] and free[b]
     )
     return "highs" if estimate <= AUTO_EXACT_MAX_VARIABLES else "heuristic"

@@ -53,7 +53,10 @@ class Backend(Protocol):
 
 def integral_objective(program: IntegerProgram) -> bool:
     """True when every objective coefficient and the constant are integers (gaps below 1 then close)."""
-    return bool(np.all(program.objective == np.round(program.objective))) and float(program.constant).is_integer()
+    return (
+        bool(np.all(program.objective == np.round(program.objective)))
+        and float(program.constant).is_integer()
+    )
 
 
 def empty_program_result(program: IntegerProgram) -> BackendResult | None:

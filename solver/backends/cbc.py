@@ -22,15 +22,17 @@ from solver.backends.base import (
     NO_SOLUTION,
     OPTIMAL,
     BackendResult,
-    empty_program_result,
     ProgressSink,
+    empty_program_result,
     integral_objective,
 )
 from solver.ilp import IntegerProgram
 
 _INCUMBENT = re.compile(r"Integer solution of (\S+) found")
 _NODES = re.compile(r"best solution, best possible (\S+)")
-_PARTIAL = re.compile(r"best objective (\S+), took .*?\(best possible (\S+)\)|best objective (\S+) \(best possible (\S+)\)")
+_PARTIAL = re.compile(
+    r"best objective (\S+), took .*?\(best possible (\S+)\)|best objective (\S+) \(best possible (\S+)\)"
+)
 _BOUND_LINE = re.compile(r"^Lower bound:\s+(\S+)")
 _CONTINUOUS = re.compile(r"Continuous objective value is (\S+)|LP Optimal .*Obj: (\S+)")
 
@@ -138,7 +140,11 @@ def _write_mip_start(program: IntegerProgram, assignment: np.ndarray, path: Path
 
 
 def _run_with_progress(
-    command: list[str], program: IntegerProgram, started: float, progress: ProgressSink | None, time_limit: float
+    command: list[str],
+    program: IntegerProgram,
+    started: float,
+    progress: ProgressSink | None,
+    time_limit: float,
 ) -> list[str]:
     """Run CBC, forwarding incumbents and bounds from its log; kill it if it overruns the limit."""
     log: list[str] = []
@@ -164,7 +170,9 @@ def _run_with_progress(
     return log
 
 
-def _read_result(program: IntegerProgram, solution_path: Path, log: list[str], seconds: float) -> BackendResult:
+def _read_result(
+    program: IntegerProgram, solution_path: Path, log: list[str], seconds: float
+) -> BackendResult:
     bound = -math.inf
     for line in log:
         for pattern in (_NODES, _CONTINUOUS, _BOUND_LINE):
@@ -198,7 +206,9 @@ def _read_result(program: IntegerProgram, solution_path: Path, log: list[str], s
         tolerance = 0.999 if integral_objective(program) else 1e-9 * max(1.0, abs(objective))
         bound = max(bound, objective - tolerance)
     first_seconds = seconds if first_seconds is None else first_seconds
-    return BackendResult(OPTIMAL if optimal else FEASIBLE, assignment, objective, bound, seconds, first_seconds)
+    return BackendResult(
+        OPTIMAL if optimal else FEASIBLE, assignment, objective, bound, seconds, first_seconds
+    )
 
 
 def _first_time(log: list[str], index: int | None) -> float | None:

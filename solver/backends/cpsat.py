@@ -15,7 +15,15 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from solver.backends.base import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, BackendResult, ProgressSink, empty_program_result
+from solver.backends.base import (
+    FEASIBLE,
+    INFEASIBLE,
+    NO_SOLUTION,
+    OPTIMAL,
+    BackendResult,
+    ProgressSink,
+    empty_program_result,
+)
 from solver.ilp import IntegerProgram
 
 _OBJECTIVE_BITS = 62
@@ -54,7 +62,7 @@ class CpSatBackend:
             columns = program.columns(warm_start)
             if columns is not None:
                 for j in np.flatnonzero(program.is_integer).tolist():
-                    model.add_hint(variables[j], int(round(columns[j])))
+                    model.add_hint(variables[j], round(columns[j]))
         solver = cp_model.CpSolver()
         remaining = max(0.1, time_limit - (time.perf_counter() - started))
         solver.parameters.max_time_in_seconds = remaining
@@ -100,7 +108,9 @@ def _build_model(program: IntegerProgram, scale: float) -> tuple[cp_model.CpMode
     upper_m = _memory_upper_bounds(program)
     variables: list[cp_model.IntVar] = []
     m_start, _ = program.col_families["m"]
-    for j, (integer, up) in enumerate(zip(program.is_integer.tolist(), program.col_upper.tolist(), strict=True)):
+    for j, (integer, up) in enumerate(
+        zip(program.is_integer.tolist(), program.col_upper.tolist(), strict=True)
+    ):
         if j >= m_start:
             variables.append(model.new_int_var(0, int(upper_m[j - m_start]), ""))
         elif up == 0:
@@ -119,7 +129,7 @@ def _build_model(program: IntegerProgram, scale: float) -> tuple[cp_model.CpMode
         )
         lo, up = lower[r], upper[r]
         if lo == up:
-            model.add(expression == int(round(lo)))
+            model.add(expression == round(lo))
         else:
             if math.isfinite(up):
                 model.add(expression <= math.floor(up + 1e-9))
@@ -127,7 +137,9 @@ def _build_model(program: IntegerProgram, scale: float) -> tuple[cp_model.CpMode
                 model.add(expression >= math.ceil(lo - 1e-9))
     costs = np.round(program.objective * scale).astype(np.int64)
     used = np.flatnonzero(costs)
-    model.minimize(cp_model.LinearExpr.weighted_sum([variables[j] for j in used.tolist()], costs[used].tolist()))
+    model.minimize(
+        cp_model.LinearExpr.weighted_sum([variables[j] for j in used.tolist()], costs[used].tolist())
+    )
     return model, variables
 
 
@@ -140,7 +152,12 @@ def _memory_upper_bounds(program: IntegerProgram) -> np.ndarray:
 
 class _Progress(cp_model.CpSolverSolutionCallback):
     def __init__(
-        self, program: IntegerProgram, scale: float, rounding: float, started: float, sink: ProgressSink | None
+        self,
+        program: IntegerProgram,
+        scale: float,
+        rounding: float,
+        started: float,
+        sink: ProgressSink | None,
     ) -> None:
         super().__init__()
         self._program = program

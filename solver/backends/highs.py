@@ -16,8 +16,8 @@ from solver.backends.base import (
     NO_SOLUTION,
     OPTIMAL,
     BackendResult,
-    empty_program_result,
     ProgressSink,
+    empty_program_result,
     integral_objective,
 )
 from solver.ilp import IntegerProgram
@@ -140,4 +140,3 @@ def _subscribe_progress(
 
     highs.cbMipImprovingSolution.subscribe(lambda event: report(event, True))
     highs.cbMipInterrupt.subscribe(lambda event: report(event, False))
-

@@ -19,7 +19,7 @@ from tests.solver.random_problems import brute_force, random_problem
 PROBLEMS_PER_BACKEND = 120
 
 
-def _solve_raw(problem, backend: str):  # noqa: ANN001, ANN202
+def _solve_raw(problem, backend: str):
     """Solve without reductions or heuristics: only the program and the backend are under test."""
     core = compact(problem)
     try:
@@ -49,10 +49,14 @@ def test_backend_matches_brute_force(backend: str) -> None:
         assert result is not None, f"case {case}: {backend} says infeasible, optimum is {expected}"
         evaluation = evaluate(problem, solution)
         assert evaluation.feasible, (case, evaluation.violations)
-        assert evaluation.cost == expected, f"case {case}: {backend} {evaluation.cost} != brute force {expected}"
+        assert evaluation.cost == expected, (
+            f"case {case}: {backend} {evaluation.cost} != brute force {expected}"
+        )
         assert result.objective == pytest.approx(expected)
         assert result.bound <= expected + 1e-6
-    assert infeasible >= 5 and limited >= 40, "the random mix must include infeasible and memory-limited cases"
+    assert infeasible >= 5 and limited >= 40, (
+        "the random mix must include infeasible and memory-limited cases"
+    )
 
 
 def test_warm_start_is_accepted_and_kept_when_optimal() -> None:

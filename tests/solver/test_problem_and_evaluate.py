@@ -44,7 +44,9 @@ def test_memory_violation_reports_the_worst_time_step() -> None:
 
 
 def test_half_open_intervals_do_not_overlap_at_the_boundary() -> None:
-    problem = Problem.from_lists(costs=[[0], [0]], usages=[[10], [10]], intervals=[[0, 5], [5, 9]], usage_limit=10)
+    problem = Problem.from_lists(
+        costs=[[0], [0]], usages=[[10], [10]], intervals=[[0, 5], [5, 9]], usage_limit=10
+    )
     assert evaluate(problem, [0, 0]).feasible
     touching = problem.replace(intervals=np.array([[0, 6], [5, 9]]))
     assert evaluate(touching, [0, 0]).peak_usage == 20
