@@ -64,7 +64,11 @@ def total_cost(problem: Problem, chosen: np.ndarray) -> float:
 def usage_profile(problem: Problem, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(times, usage): the total usage at each distinct interval start (where every peak occurs)."""
     used = problem.usages[problem.node_offsets[:-1] + chosen]
-    starts, ends = problem.intervals[:, 0], problem.intervals[:, 1]
+    return interval_profile(problem.intervals[:, 0], problem.intervals[:, 1], used)
+
+
+def interval_profile(starts: np.ndarray, ends: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(times, usage) of half-open intervals ``[start, end)`` each using ``used``, at every distinct start."""
     alive = ends > starts
     starts, ends, used = starts[alive], ends[alive], used[alive]
     times = np.unique(starts)

@@ -17,6 +17,7 @@ import scipy.sparse as sp
 from solver.backends.base import INFEASIBLE, OPTIMAL
 from solver.compact import CompactProblem
 from solver.errors import InfeasibleError
+from solver.evaluate import interval_profile
 from solver.ilp import build_program
 
 
@@ -33,16 +34,8 @@ def min_peak_lower_bound(problem: CompactProblem) -> int:
         ],
         dtype=np.int64,
     )
-    starts, ends = problem.term_intervals[:, 0], problem.term_intervals[:, 1]
-    times = np.unique(starts)
-    order_s, order_e = np.argsort(starts), np.argsort(ends)
-    started = np.concatenate([[0], np.cumsum(smallest[order_s])])[
-        np.searchsorted(starts[order_s], times, "right")
-    ]
-    ended = np.concatenate([[0], np.cumsum(smallest[order_e])])[
-        np.searchsorted(ends[order_e], times, "right")
-    ]
-    return int((started - ended).max())
+    _, usage = interval_profile(problem.term_intervals[:, 0], problem.term_intervals[:, 1], smallest)
+    return int(usage.max(initial=0))
 
 
 def smallest_peak(problem: CompactProblem, time_limit: float = 30.0, threads: int = 1) -> tuple[int, bool]:

@@ -20,18 +20,28 @@ import numpy as np
 from solver.backends import BACKEND_NAMES, get_backend
 from solver.backends.base import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, BackendResult
 from solver.compact import CompactProblem, compact
+from solver.dual_bound import dual_bound
 from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
-from solver.heuristic import heuristic_solve
+from solver.heuristic import warm_up
 from solver.ilp import build_program
+from solver.lns import lns_improve
 from solver.memory import min_peak_lower_bound, smallest_peak
+from solver.portfolio import portfolio_solve
 from solver.problem import Problem
 from solver.reductions import Reduced, reduce
 
 log = logging.getLogger(__name__)
 
-#: `auto` hands programs up to this many variables to an exact backend; larger ones to the heuristic alone.
-AUTO_EXACT_MAX_VARIABLES = 1_500_000
+#: Programs up to this many variables go whole to a backend; larger ones get the heuristic (`auto`) or
+#: large neighbourhood search with the named backend.
+FULL_PROGRAM_MAX_VARIABLES = 1_500_000
+#: Solve modes: the whole program, the heuristic alone, the heuristic then region-by-region search.
+FULL, HEURISTIC, LNS = "full", "heuristic", "lns"
+#: Share of the time limit left for mapping back and re-costing the answer.
+FINISH_RESERVE = 0.02
+#: Share of the time limit kept for the Lagrangian bound when no exact backend runs on the whole program.
+BOUND_SHARE = 0.05
 #: Progress events: (phase, seconds since start, incumbent cost or inf, bound or -inf).
 ProgressCallback = Callable[[str, float, float, float], None]
 
@@ -93,42 +103,80 @@ def solve(
     timings["compact"] = time.perf_counter() - phase
     _check_memory_possible(core)
 
-    candidates: list[np.ndarray] = []
+    engine, mode = _plan(core, backend)
+    bound_deadline = deadline - FINISH_RESERVE * time_limit
+    work_deadline = bound_deadline - (0.0 if mode == FULL else BOUND_SHARE * time_limit)
     phase = time.perf_counter()
-    share = heuristic_share if heuristic_share is not None else _heuristic_share(core, backend)
-    budget = max(0.5, share * (deadline - time.perf_counter()))
+    share = heuristic_share if heuristic_share is not None else _heuristic_share(core, mode)
+    budget = max(0.5, share * (work_deadline - time.perf_counter()))
 
     def on_incumbent(cost: float, _assignment: np.ndarray) -> None:
         tracker.incumbent("heuristic", cost + reduced.constant)
 
-    incumbent = heuristic_solve(core, time_limit=budget, seed=seed, on_incumbent=on_incumbent)
+    warm_up()
+    incumbent = portfolio_solve(
+        core,
+        time_limit=budget,
+        threads=1 if mode == FULL else threads,
+        seed=seed,
+        on_incumbent=on_incumbent,
+    )
     timings["heuristic"] = time.perf_counter() - phase
-    if incumbent is not None:
-        candidates.append(incumbent)
+    candidates = [] if incumbent is None else [incumbent]
 
-    chosen_backend = _choose_backend(core, backend)
     exact: BackendResult | None = None
     variables = constraints = 0
-    if chosen_backend != "heuristic" and time.perf_counter() < deadline - 0.2:
+    if mode == FULL and time.perf_counter() < deadline - 0.2:
         phase = time.perf_counter()
         program = build_program(core)
         variables, constraints = program.num_variables, program.num_constraints
         timings["build"] = time.perf_counter() - phase
         phase = time.perf_counter()
-        exact = get_backend(chosen_backend).solve(
+        exact = get_backend(engine).solve(
             program,
-            time_limit=max(0.5, deadline - time.perf_counter()),
+            time_limit=max(0.5, work_deadline - time.perf_counter()),
             threads=threads,
             warm_start=incumbent,
-            progress=lambda _t, cost, bound: tracker.update(chosen_backend, cost + reduced.constant, bound),
+            progress=lambda _t, cost, bound: tracker.update(
+                engine, cost + reduced.constant, bound + reduced.constant
+            ),
         )
         timings["backend"] = time.perf_counter() - phase
         if exact.assignment is not None:
             candidates.append(exact.assignment)
+    elif mode == LNS and incumbent is not None:
+        phase = time.perf_counter()
+        improved, _stats = lns_improve(
+            core,
+            incumbent,
+            deadline=work_deadline,
+            backend=engine,
+            seed=seed,
+            on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-lns", cost + reduced.constant),
+        )
+        timings["lns"] = time.perf_counter() - phase
+        candidates.append(improved)
 
+    phase = time.perf_counter()
+    bound = _lower_bound(core, exact, candidates, bound_deadline) + reduced.constant
+    timings["bound"] = time.perf_counter() - phase
+    label = engine if mode != LNS else f"{engine} (lns)"
     return _finish(
-        problem, reduced, core, candidates, exact, chosen_backend, variables, constraints, tracker, timings
+        problem, reduced, core, candidates, exact, bound, label, variables, constraints, tracker, timings
     )
+
+
+def _lower_bound(
+    core: CompactProblem, exact: BackendResult | None, candidates: list[np.ndarray], deadline: float
+) -> float:
+    """The best proven bound on the compact problem: the backend's, else the Lagrangian dual bound."""
+    bound = core.trivial_bound()
+    if exact is not None and math.isfinite(exact.bound):
+        bound = max(bound, exact.bound)
+    if exact is not None and exact.status == OPTIMAL:
+        return bound
+    dual = dual_bound(core, time_limit=max(0.1, deadline - time.perf_counter()))
+    return max(bound, dual)
 
 
 def _finish(
@@ -137,6 +185,7 @@ def _finish(
     core: CompactProblem,
     candidates: list[np.ndarray],
     exact: BackendResult | None,
+    bound: float,
     backend: str,
     variables: int,
     constraints: int,
@@ -144,9 +193,6 @@ def _finish(
     timings: dict[str, float],
 ) -> SolveResult:
     seconds = time.perf_counter() - tracker.started
-    bound = core.trivial_bound() + reduced.constant
-    if exact is not None and math.isfinite(exact.bound):
-        bound = max(bound, exact.bound + reduced.constant)
     best: tuple[float, np.ndarray, int] | None = None
     for assignment in candidates:
         original = reduced.lift(core.lift(assignment))
@@ -214,10 +260,12 @@ def _peak_error(core: CompactProblem, time_limit: float) -> InfeasibleError:
     )
 
 
-def _heuristic_share(core: CompactProblem, backend: str) -> float:
-    """The share of the time limit the heuristic gets before an exact backend starts."""
-    if backend == "heuristic":
+def _heuristic_share(core: CompactProblem, mode: str) -> float:
+    """The share of the time limit the heuristic gets before a backend takes over."""
+    if mode == HEURISTIC:
         return 1.0
+    if mode == LNS:
+        return 0.5
     size = int(core.strategy_counts.sum())
     if size <= 2_000:
         return 0.02
@@ -226,16 +274,26 @@ def _heuristic_share(core: CompactProblem, backend: str) -> float:
     return 0.3
 
 
-def _choose_backend(core: CompactProblem, backend: str) -> str:
-    if backend != "auto":
-        return backend
+def _plan(core: CompactProblem, backend: str) -> tuple[str, str]:
+    """(engine, mode): the whole program for a backend when it is small enough, else the heuristic on
+    every core (`auto`) or the heuristic followed by large neighbourhood search with the named backend."""
+    if backend == HEURISTIC:
+        return HEURISTIC, HEURISTIC
+    small = program_size(core) <= FULL_PROGRAM_MAX_VARIABLES
+    if backend == "auto":
+        return ("highs", FULL) if small else (HEURISTIC, HEURISTIC)
+    return backend, FULL if small else LNS
+
+
+def program_size(core: CompactProblem) -> int:
+    """Columns the integer program of `core` will have, before memory auxiliaries (x plus finite y)."""
     free = core.strategy_counts > 1
-    estimate = int(core.strategy_counts[free].sum()) + sum(
+    pairs = sum(
         int(np.isfinite(m).sum())
         for (a, b), m in zip(core.edge_nodes.tolist(), core.edge_costs, strict=True)
         if free[a] and free[b]
     )
-    return "highs" if estimate <= AUTO_EXACT_MAX_VARIABLES else "heuristic"
+    return int(core.strategy_counts[free].sum()) + pairs
 
 
 class _Tracker:

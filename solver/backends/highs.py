@@ -42,8 +42,7 @@ class HighsBackend:
         highs.setOptionValue("mip_rel_gap", 0.0)
         highs.setOptionValue("mip_abs_gap", 0.999 if integral_objective(program) else 1e-9)
         highs.setOptionValue("random_seed", 0)
-        if threads > 0:
-            highs.setOptionValue("threads", int(threads))
+        _use_threads(highs, threads)
         highs.passModel(_to_highs_lp(program))
         if warm_start is not None:
             columns = program.columns(warm_start)
@@ -54,7 +53,9 @@ class HighsBackend:
                 highs.setSolution(solution)
         first_found: list[float] = []
         _subscribe_progress(highs, program, started, progress, first_found)
-        highs.run()
+        if highs.run() == highspy.HighsStatus.kError:
+            status = highs.modelStatusToString(highs.getModelStatus())
+            raise RuntimeError(f"HiGHS failed: model status {status}")
         seconds = time.perf_counter() - started
         model_status = highs.getModelStatus()
         info = highs.getInfo()
@@ -73,6 +74,18 @@ class HighsBackend:
             bound = max(bound, objective - (0.999 if integral_objective(program) else 1e-9 * abs(objective)))
         first = first_found[0] if first_found else seconds
         return BackendResult(status, assignment, objective, bound, seconds, first)
+
+
+#: HiGHS keeps one global thread scheduler per process; its size can change only after a reset.
+_scheduler_threads: list[int] = []
+
+
+def _use_threads(highs: highspy.Highs, threads: int) -> None:
+    threads = max(1, int(threads))
+    if _scheduler_threads and _scheduler_threads[0] != threads:
+        highspy.Highs.resetGlobalScheduler(True)
+    _scheduler_threads[:] = [threads]
+    highs.setOptionValue("threads", threads)
 
 
 def quiet_highs() -> highspy.Highs:
