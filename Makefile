@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -c "from solver.heuristic import warm_up; warm_up()"  # compiles numba kernels into the cache
+	$(BIN)/python -c "from solver.solve import warm_up_kernels; warm_up_kernels()"  # numba cache
 	touch $(STAMP)
 
 demo: setup

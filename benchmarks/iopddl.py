@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every contest limit")
     parser.add_argument("--out", type=Path, default=Path("results/iopddl.json"))
     args = parser.parse_args()
+    warm_up_kernels()
     rows = []
     for instance in args.instances.split(","):
         for backend in args.backends.split(","):

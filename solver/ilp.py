@@ -245,10 +245,10 @@ def _edge_variables(
 
     out_offset = np.concatenate([[0], np.cumsum(size_a)[:-1]])
     in_offset = np.concatenate([[0], np.cumsum(size_b)[:-1]])
-    out_x_rows = np.repeat(out_offset, size_a) + _ranges(size_a)
-    out_x_cols = np.repeat(x_offset[a], size_a) + _ranges(size_a)
-    in_x_rows = np.repeat(in_offset, size_b) + _ranges(size_b)
-    in_x_cols = np.repeat(x_offset[b], size_b) + _ranges(size_b)
+    out_x_rows = np.repeat(out_offset, size_a) + concatenated_ranges(size_a)
+    out_x_cols = np.repeat(x_offset[a], size_a) + concatenated_ranges(size_a)
+    in_x_rows = np.repeat(in_offset, size_b) + concatenated_ranges(size_b)
+    in_x_cols = np.repeat(x_offset[b], size_b) + concatenated_ranges(size_b)
     out_rows = (
         np.concatenate([out_offset[edge_of] + i, out_x_rows]),
         np.concatenate([y_cols, out_x_cols]),
@@ -271,7 +271,7 @@ def _one_hot_rows(counts: np.ndarray, free: np.ndarray, x_offset: np.ndarray) ->
     free_nodes = np.flatnonzero(free)
     sizes = counts[free_nodes]
     rows = np.repeat(np.arange(len(free_nodes)), sizes)
-    cols = np.repeat(x_offset[free_nodes], sizes) + _ranges(sizes)
+    cols = np.repeat(x_offset[free_nodes], sizes) + concatenated_ranges(sizes)
     ones = np.ones(len(free_nodes))
     return rows, cols, np.ones(len(rows)), ones, ones
 
@@ -337,10 +337,10 @@ def _memory_rows(
     extra = [usages[t] - usage_min[t] for t in terms.tolist()]
     sizes = np.array([len(u) for u in extra], dtype=np.int64)
     flat_extra = np.concatenate(extra) if extra else np.zeros(0, np.int64)
-    flat_cols = np.repeat(x_offset[term_node[terms]], sizes) + _ranges(sizes)
+    flat_cols = np.repeat(x_offset[term_node[terms]], sizes) + concatenated_ranges(sizes)
     entry_start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     piece_sizes = sizes[term_of]
-    entry = np.repeat(entry_start[term_of], piece_sizes) + _ranges(piece_sizes)
+    entry = np.repeat(entry_start[term_of], piece_sizes) + concatenated_ranges(piece_sizes)
     part_rows = np.repeat(segment_index, piece_sizes)
     part_cols = flat_cols[entry]
     part_vals = flat_extra[entry].astype(np.float64)
@@ -403,7 +403,7 @@ def _segment_cover(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.
     return np.concatenate(owners), np.concatenate(segments)
 
 
-def _ranges(sizes: np.ndarray) -> np.ndarray:
+def concatenated_ranges(sizes: np.ndarray) -> np.ndarray:
     """``concatenate([arange(s) for s in sizes])``, vectorised."""
     if len(sizes) == 0:
         return np.zeros(0, dtype=np.int64)

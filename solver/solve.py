@@ -20,13 +20,13 @@ import numpy as np
 from solver.backends import BACKEND_NAMES, get_backend
 from solver.backends.base import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, BackendResult
 from solver.compact import CompactProblem, compact
-from solver.dual_bound import dual_bound
 from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
 from solver.heuristic import warm_up
 from solver.ilp import build_program
 from solver.lns import lns_improve
 from solver.memory import min_peak_lower_bound, smallest_peak
+from solver.memory_bound import memory_dual_bound
 from solver.portfolio import portfolio_solve
 from solver.problem import Problem
 from solver.reductions import Reduced, reduce
@@ -169,13 +169,19 @@ def solve(
 def _lower_bound(
     core: CompactProblem, exact: BackendResult | None, candidates: list[np.ndarray], deadline: float
 ) -> float:
-    """The best proven bound on the compact problem: the backend's, else the Lagrangian dual bound."""
+    """The best proven bound on the compact problem: the backend's, else the Lagrangian dual bound with the
+    memory limit priced in (an incumbent's cost sizes its steps)."""
     bound = core.trivial_bound()
     if exact is not None and math.isfinite(exact.bound):
         bound = max(bound, exact.bound)
     if exact is not None and exact.status == OPTIMAL:
         return bound
-    dual = dual_bound(core, time_limit=max(0.1, deadline - time.perf_counter()))
+    incumbent = min((core.cost(c) for c in candidates), default=math.inf)
+    dual = memory_dual_bound(
+        core,
+        time_limit=max(0.1, deadline - time.perf_counter()),
+        upper_bound=incumbent if math.isfinite(incumbent) else None,
+    )
     return max(bound, dual)
 
 
@@ -238,6 +244,22 @@ def _finish(
     gap = 0.0 if cost == bound else (cost - bound) / max(abs(cost), 1e-300)
     tracker.update("final", cost, bound)
     return SolveResult(original.tolist(), cost, status, bound, gap, peak_usage=peak, **common)  # type: ignore[arg-type]
+
+
+def warm_up_kernels() -> None:
+    """Compile (or load from numba's cache) the heuristic and bound kernels on a tiny problem."""
+    warm_up()
+    tiny = compact(
+        Problem.from_lists(
+            costs=[[1.0, 2.0], [2.0, 1.0]],
+            usages=[[2, 1], [1, 2]],
+            intervals=[[0, 2], [1, 3]],
+            edges=[[0, 1]],
+            edge_costs=[[0.0, 3.0, 3.0, 0.0]],
+            usage_limit=3,
+        )
+    )
+    memory_dual_bound(tiny, time_limit=1.0, upper_bound=tiny.cost(np.zeros(2, dtype=np.int64)))
 
 
 def _check_memory_possible(core: CompactProblem) -> None:
