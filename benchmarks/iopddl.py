@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solver import iopddl
 from solver.errors import InfeasibleError
-from solver.solve import solve
+from solver.solve import solve, warm_up_kernels
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "iopddl"
 #: instance -> (contest time limit in seconds, reference cost)
