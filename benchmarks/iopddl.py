@@ -76,18 +76,23 @@ def table(rows: list[dict]) -> str:
             f"{size.get('edges', 0):,}",
             f"{size.get('strategies', 0):,}",
             f"{size.get('free_super_strategies', 0):,}",
-            f"{row.get('requested_backend', row['backend'])}"
-            + (f" ({row['backend']})" if row.get("backend") != row.get("requested_backend") else ""),
+            _backend_label(row),
             row["status"],
             f"{row['cost']:,.0f}" if row.get("cost") is not None else "-",
             f"{row['bound']:,.0f}" if row.get("bound") is not None else "-",
             f"{100 * row['gap']:.2f}%" if row.get("gap") is not None else "-",
             f"{row.get('wall', 0):.1f}",
             f"{row['first_solution_seconds']:.2f}" if row.get("first_solution_seconds") is not None else "-",
-            f"{row['ratio']:.4f}x" if row.get("ratio") is not None else "-",
+            f"{row['ratio']:.5f}x" if row.get("ratio") is not None else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _backend_label(row: dict) -> str:
+    """`cbc`, `cbc (lns)`, or `auto -> highs (lns)`: what was asked for and what ran."""
+    requested, ran = row.get("requested_backend", row["backend"]), row["backend"]
+    return ran if ran.startswith(requested) else f"{requested} -> {ran}"
 
 
 def main() -> None:

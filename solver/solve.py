@@ -33,8 +33,8 @@ from solver.reductions import Reduced, reduce
 
 log = logging.getLogger(__name__)
 
-#: Programs up to this many variables go whole to a backend; larger ones get the heuristic (`auto`) or
-#: large neighbourhood search with the named backend.
+#: Programs up to this many variables go whole to a backend; larger ones get the heuristic and then large
+#: neighbourhood search with the backend.
 FULL_PROGRAM_MAX_VARIABLES = 1_500_000
 #: Solve modes: the whole program, the heuristic alone, the heuristic then region-by-region search.
 FULL, HEURISTIC, LNS = "full", "heuristic", "lns"
@@ -297,13 +297,13 @@ def _heuristic_share(core: CompactProblem, mode: str) -> float:
 
 
 def _plan(core: CompactProblem, backend: str) -> tuple[str, str]:
-    """(engine, mode): the whole program for a backend when it is small enough, else the heuristic on
-    every core (`auto`) or the heuristic followed by large neighbourhood search with the named backend."""
+    """(engine, mode): the whole program for a backend when it is small enough, else the heuristic (on every
+    core) followed by large neighbourhood search with the backend (`auto`: HiGHS, measured best on both)."""
     if backend == HEURISTIC:
         return HEURISTIC, HEURISTIC
     small = program_size(core) <= FULL_PROGRAM_MAX_VARIABLES
     if backend == "auto":
-        return ("highs", FULL) if small else (HEURISTIC, HEURISTIC)
+        return "highs", FULL if small else LNS
     return backend, FULL if small else LNS
 
 
