@@ -108,16 +108,13 @@ def _build_model(program: IntegerProgram, scale: float) -> tuple[cp_model.CpMode
     upper_m = _memory_upper_bounds(program)
     variables: list[cp_model.IntVar] = []
     m_start, _ = program.col_families["m"]
-    for j, (integer, up) in enumerate(
-        zip(program.is_integer.tolist(), program.col_upper.tolist(), strict=True)
-    ):
+    for j, up in enumerate(program.col_upper.tolist()):
         if j >= m_start:
             variables.append(model.new_int_var(0, int(upper_m[j - m_start]), ""))
         elif up == 0:
             variables.append(model.new_constant(0))
         else:
             variables.append(model.new_bool_var(""))
-        del integer
     matrix = program.matrix
     indptr, indices = matrix.indptr, matrix.indices
     data = np.round(matrix.data).astype(np.int64).tolist()
