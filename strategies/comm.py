@@ -1,0 +1,161 @@
+"""Communication costs: collectives on one mesh axis, and redistributing a tensor between specs.
+
+Collectives (alpha-beta; ``n`` devices on the axis, link bandwidth ``B`` bytes/s, per-hop latency
+``a`` s, fixed start cost ``c`` s = ``hardware.collective_launch_s``):
+
+- all-gather producing ``S`` bytes per device:   ``c + (n-1) a + (n-1)/n * S / B``            (ring)
+- reduce-scatter of ``S`` input bytes per device: ``c + (n-1) a + (n-1)/n * S / B``            (ring)
+- all-reduce of ``S`` bytes: ``c + min(2(n-1) a + 2(n-1)/n * S/B,  2 ceil(log2 n) a + 2 S/B)`` (ring, tree)
+- all-to-all of ``S`` bytes per device:          ``c + (n-1) a + (n-1)/n * S / B``
+
+Redistribution follows the steps DTensor takes (its greedy planner in ``_redistribute.py``): first,
+from the innermost axis out, axes whose target shards a tensor dim that is sharded differently on an
+outer axis are replicated (nested sharding must be undone from the inside); then every axis still
+different moves from its current to its target placement. Per axis step:
+
+======================  ===========================  ===========================
+from \\ to              ``R``                        ``S(d)``                       ``P``
+``S(e)``                all-gather                   all-to-all (d != e)            impossible (inf)
+``R``                   —                            local slice (free)             free (DTensor's rule)
+``P``                   all-reduce                   reduce-scatter                 impossible unless equal
+======================  ===========================  ===========================
+
+Bytes at each step are those of the largest local piece at that moment (uneven shards count the
+largest piece). The cost of a pair of specs is cached by (mesh, shape, itemsize, src, dst); a whole
+``[producer strategy, consumer strategy]`` matrix is built from the distinct specs only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from strategies.mesh import Mesh
+from strategies.placement import R, Spec, is_partial, is_shard
+
+INF = float("inf")
+
+
+def all_gather_s(mesh: Mesh, axis: int, out_bytes: float) -> float:
+    n = mesh.shape[axis]
+    if n == 1:
+        return 0.0
+    link = mesh.links[axis]
+    return mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * out_bytes / link.bandwidth
+
+
+def reduce_scatter_s(mesh: Mesh, axis: int, in_bytes: float) -> float:
+    n = mesh.shape[axis]
+    if n == 1:
+        return 0.0
+    link = mesh.links[axis]
+    return mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * in_bytes / link.bandwidth
+
+
+def all_reduce_s(mesh: Mesh, axis: int, nbytes: float) -> float:
+    n = mesh.shape[axis]
+    if n == 1:
+        return 0.0
+    link = mesh.links[axis]
+    ring = 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+    tree = 2 * math.ceil(math.log2(n)) * link.latency + 2 * nbytes / link.bandwidth
+    return mesh.hardware.collective_launch_s + min(ring, tree)
+
+
+def all_to_all_s(mesh: Mesh, axis: int, nbytes: float) -> float:
+    n = mesh.shape[axis]
+    if n == 1:
+        return 0.0
+    link = mesh.links[axis]
+    return mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+
+
+@dataclass(frozen=True)
+class Step:
+    """One per-axis move of a redistribution: the collective, the axis, bytes per device, seconds."""
+
+    axis: int
+    src: int
+    dst: int
+    collective: str  # all_gather | all_to_all | all_reduce | reduce_scatter | local
+    nbytes: float
+    seconds: float
+
+
+def local_numel(shape: tuple[int, ...], spec: Spec, mesh_shape: tuple[int, ...]) -> int:
+    """Elements of the largest local piece: each dim ``ceil(size / shards on that dim)``."""
+    shards = [1] * len(shape)
+    for axis, code in enumerate(spec):
+        if code >= 0:
+            shards[code] *= mesh_shape[axis]
+    return math.prod(-(-size // k) for size, k in zip(shape, shards))
+
+
+def redistribute_steps(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec, dst: Spec) -> list[Step]:
+    """The per-axis moves taking a tensor from ``src`` to ``dst``; a step of infinite cost when impossible."""
+    state = list(src)
+    steps: list[Step] = []
+
+    def move(axis: int, want: int) -> None:
+        steps.append(_step(mesh, shape, itemsize, state, axis, want))
+        state[axis] = want
+
+    sharded = math.prod(n for n, c in zip(mesh.shape, src) if is_shard(c)) > 1
+    if mesh.ndim > 1 and sharded:
+        for axis in reversed(range(mesh.ndim)):  # undo nested sharding from the inside out
+            want = dst[axis]
+            if is_shard(want):
+                outer_now = [i for i in range(axis) if state[i] == want]
+                outer_want = [i for i in range(axis) if dst[i] == want]
+                if outer_now != outer_want:
+                    want = R
+            if state[axis] != want:
+                move(axis, want)
+    for axis in range(mesh.ndim):
+        if state[axis] != dst[axis]:
+            move(axis, dst[axis])
+    return steps
+
+
+def _step(mesh: Mesh, shape: tuple[int, ...], itemsize: int, state: list[int], axis: int, want: int) -> Step:
+    have = state[axis]
+    before = local_numel(shape, tuple(state), mesh.shape) * itemsize
+    after_state = list(state)
+    after_state[axis] = want
+    after = local_numel(shape, tuple(after_state), mesh.shape) * itemsize
+    if is_shard(have) and want == R:
+        return Step(axis, have, want, "all_gather", after, all_gather_s(mesh, axis, after))
+    if is_shard(have) and is_shard(want):
+        return Step(axis, have, want, "all_to_all", before, all_to_all_s(mesh, axis, before))
+    if is_partial(have) and want == R:
+        return Step(axis, have, want, "all_reduce", before, all_reduce_s(mesh, axis, before))
+    if is_partial(have) and is_shard(want):
+        return Step(axis, have, want, "reduce_scatter", before, reduce_scatter_s(mesh, axis, before))
+    if have == R:  # R -> S(d) slices locally; R -> P keeps the value on one rank (DTensor's internal rule)
+        return Step(axis, have, want, "local", 0, 0.0)
+    return Step(axis, have, want, "impossible", 0, INF)  # S -> P, P -> P'
+
+
+@lru_cache(maxsize=1 << 18)
+def redistribute_s(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec, dst: Spec) -> float:
+    """Seconds to move a tensor from ``src`` to ``dst`` (inf when DTensor cannot)."""
+    if src == dst:
+        return 0.0
+    return sum(step.seconds for step in redistribute_steps(mesh, shape, itemsize, src, dst))
+
+
+def redistribute_matrix(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_specs: np.ndarray,
+                        dst_specs: np.ndarray) -> np.ndarray:
+    """``[len(src_specs), len(dst_specs)]`` seconds; specs are ``[n, mesh.ndim]`` integer arrays."""
+    src_unique, src_index = np.unique(np.asarray(src_specs).reshape(len(src_specs), -1), axis=0,
+                                      return_inverse=True)
+    dst_unique, dst_index = np.unique(np.asarray(dst_specs).reshape(len(dst_specs), -1), axis=0,
+                                      return_inverse=True)
+    src_keys = [tuple(int(c) for c in row) for row in src_unique]
+    dst_keys = [tuple(int(c) for c in row) for row in dst_unique]
+    small = np.array([[redistribute_s(mesh, shape, itemsize, s, d) for d in dst_keys] for s in src_keys],
+                     dtype=np.float64).reshape(len(src_keys), len(dst_keys))
+    return small[np.ix_(src_index.ravel(), dst_index.ravel())]
