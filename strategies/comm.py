@@ -44,7 +44,9 @@ def all_gather_s(mesh: Mesh, axis: int, out_bytes: float) -> float:
     if n == 1:
         return 0.0
     link = mesh.links[axis]
-    return mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * out_bytes / link.bandwidth
+    return (
+        mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * out_bytes / link.bandwidth
+    )
 
 
 def reduce_scatter_s(mesh: Mesh, axis: int, in_bytes: float) -> float:
@@ -52,7 +54,9 @@ def reduce_scatter_s(mesh: Mesh, axis: int, in_bytes: float) -> float:
     if n == 1:
         return 0.0
     link = mesh.links[axis]
-    return mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * in_bytes / link.bandwidth
+    return (
+        mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * in_bytes / link.bandwidth
+    )
 
 
 def all_reduce_s(mesh: Mesh, axis: int, nbytes: float) -> float:
@@ -91,7 +95,7 @@ def local_numel(shape: tuple[int, ...], spec: Spec, mesh_shape: tuple[int, ...])
     for axis, code in enumerate(spec):
         if code >= 0:
             shards[code] *= mesh_shape[axis]
-    return math.prod(-(-size // k) for size, k in zip(shape, shards))
+    return math.prod(-(-size // k) for size, k in zip(shape, shards, strict=False))
 
 
 def redistribute_steps(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec, dst: Spec) -> list[Step]:
@@ -103,7 +107,7 @@ def redistribute_steps(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: S
         steps.append(_step(mesh, shape, itemsize, state, axis, want))
         state[axis] = want
 
-    sharded = math.prod(n for n, c in zip(mesh.shape, src) if is_shard(c)) > 1
+    sharded = math.prod(n for n, c in zip(mesh.shape, src, strict=False) if is_shard(c)) > 1
     if mesh.ndim > 1 and sharded:
         for axis in reversed(range(mesh.ndim)):  # undo nested sharding from the inside out
             want = dst[axis]
@@ -147,15 +151,19 @@ def redistribute_s(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec,
     return sum(step.seconds for step in redistribute_steps(mesh, shape, itemsize, src, dst))
 
 
-def redistribute_matrix(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_specs: np.ndarray,
-                        dst_specs: np.ndarray) -> np.ndarray:
+def redistribute_matrix(
+    mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_specs: np.ndarray, dst_specs: np.ndarray
+) -> np.ndarray:
     """``[len(src_specs), len(dst_specs)]`` seconds; specs are ``[n, mesh.ndim]`` integer arrays."""
-    src_unique, src_index = np.unique(np.asarray(src_specs).reshape(len(src_specs), -1), axis=0,
-                                      return_inverse=True)
-    dst_unique, dst_index = np.unique(np.asarray(dst_specs).reshape(len(dst_specs), -1), axis=0,
-                                      return_inverse=True)
+    src_unique, src_index = np.unique(
+        np.asarray(src_specs).reshape(len(src_specs), -1), axis=0, return_inverse=True
+    )
+    dst_unique, dst_index = np.unique(
+        np.asarray(dst_specs).reshape(len(dst_specs), -1), axis=0, return_inverse=True
+    )
     src_keys = [tuple(int(c) for c in row) for row in src_unique]
     dst_keys = [tuple(int(c) for c in row) for row in dst_unique]
-    small = np.array([[redistribute_s(mesh, shape, itemsize, s, d) for d in dst_keys] for s in src_keys],
-                     dtype=np.float64).reshape(len(src_keys), len(dst_keys))
+    small = np.array(
+        [[redistribute_s(mesh, shape, itemsize, s, d) for d in dst_keys] for s in src_keys], dtype=np.float64
+    ).reshape(len(src_keys), len(dst_keys))
     return small[np.ix_(src_index.ravel(), dst_index.ravel())]

@@ -56,10 +56,11 @@ class OpStrategies:
         return len(self.compute_s)
 
     def redistribute_from(self, input_index: int, src_specs: np.ndarray) -> np.ndarray:
-        """``[len(src_specs), len(self)]`` seconds to bring argument ``input_index`` to each strategy's spec."""
+        """``[len(src_specs), len(self)]`` seconds to bring argument ``input_index`` to each spec."""
         meta = self.inputs[input_index]
-        return redistribute_matrix(self.mesh, meta.shape, meta.itemsize, src_specs,
-                                   self.input_specs[:, input_index, :])
+        return redistribute_matrix(
+            self.mesh, meta.shape, meta.itemsize, src_specs, self.input_specs[:, input_index, :]
+        )
 
     def redistribute_from_replicate(self) -> np.ndarray:
         """``[tensor argument, strategy]`` seconds to reach each strategy's input spec from all-``R``."""
@@ -71,8 +72,10 @@ class OpStrategies:
     def describe(self, index: int) -> dict[str, Any]:
         """One strategy in DESIGN.md notation."""
         return {
-            "output": [None if meta is None else spec_text(self.output_specs[index, k])
-                       for k, meta in enumerate(self.outputs)],
+            "output": [
+                None if meta is None else spec_text(self.output_specs[index, k])
+                for k, meta in enumerate(self.outputs)
+            ],
             "inputs": [spec_text(self.input_specs[index, k]) for k in range(len(self.inputs))],
             "compute_s": float(self.compute_s[index]),
             "memory_bytes": int(self.memory_bytes[index]),
@@ -82,8 +85,13 @@ class OpStrategies:
 _CACHE: dict[Any, OpStrategies] = {}
 
 
-def op_strategies(op: Any, args: tuple, kwargs: dict | None, mesh: Mesh,
-                  outputs: tuple[TensorMeta | None, ...] | None = None) -> OpStrategies:
+def op_strategies(
+    op: Any,
+    args: tuple,
+    kwargs: dict | None,
+    mesh: Mesh,
+    outputs: tuple[TensorMeta | None, ...] | None = None,
+) -> OpStrategies:
     """All strategies of ``op(*args, **kwargs)`` on ``mesh``; tensors in ``args`` are :class:`TensorMeta`.
 
     ``outputs`` may be given when known (from a captured graph); otherwise the op runs on meta tensors.
@@ -135,9 +143,11 @@ def _build(info: OpInfo, mesh: Mesh, rules: OpRules | None, rows: list, source: 
     for row in rows:
         row = [NONE if c is None else int(c) for c in row]
         if len(row) != n_out + n_in:
-            raise ValueError(f"{info.op}: rule {row} has {len(row)} entries, expected {n_out} outputs + "
-                             f"{n_in} tensor arguments")
-        table.append([NONE if m is None else c for c, m in zip(row, metas)])
+            raise ValueError(
+                f"{info.op}: rule {row} has {len(row)} entries, expected {n_out} outputs + "
+                f"{n_in} tensor arguments"
+            )
+        table.append([NONE if m is None else c for c, m in zip(row, metas, strict=False)])
     base = _unique_rows(np.array(table, dtype=np.int16))
     combos = np.array(list(itertools.product(range(len(base)), repeat=mesh.ndim)), dtype=np.int64)
     specs = base[combos].transpose(0, 2, 1)  # [strategy, tensor, axis]
@@ -152,8 +162,17 @@ def _build(info: OpInfo, mesh: Mesh, rules: OpRules | None, rows: list, source: 
     for k, meta in enumerate(info.outputs):
         if meta is not None:
             out_bytes += local[k].prod(axis=1, dtype=np.int64) * meta.itemsize
-    return OpStrategies(info.op, mesh, info.inputs, info.outputs, specs[:, :n_out].copy(),
-                        specs[:, n_out:].copy(), compute, out_bytes, source)
+    return OpStrategies(
+        info.op,
+        mesh,
+        info.inputs,
+        info.outputs,
+        specs[:, :n_out].copy(),
+        specs[:, n_out:].copy(),
+        compute,
+        out_bytes,
+        source,
+    )
 
 
 def _unique_rows(rows: np.ndarray) -> np.ndarray:
@@ -166,8 +185,11 @@ def _shard_counts(specs: np.ndarray, slot: int, ndim: int, mesh: Mesh) -> np.nda
     """``[strategy, dim]`` number of pieces each dim of tensor ``slot`` is cut into."""
     sizes = np.asarray(mesh.shape, dtype=np.int64)
     s = specs[:, slot, :]
-    return np.stack([np.where(s == d, sizes, 1).prod(axis=1) for d in range(ndim)], axis=1) if ndim else \
-        np.ones((len(specs), 0), dtype=np.int64)
+    return (
+        np.stack([np.where(s == d, sizes, 1).prod(axis=1) for d in range(ndim)], axis=1)
+        if ndim
+        else np.ones((len(specs), 0), dtype=np.int64)
+    )
 
 
 def _shardable(specs: np.ndarray, metas: list[TensorMeta | None], mesh: Mesh, even_only: bool) -> np.ndarray:
@@ -197,8 +219,9 @@ def _local_shapes(specs: np.ndarray, metas: list[TensorMeta | None], mesh: Mesh)
     return out
 
 
-def _compute_s(info: OpInfo, mesh: Mesh, rules: OpRules | None, local: list[np.ndarray],
-               metas: list[TensorMeta | None]) -> np.ndarray:
+def _compute_s(
+    info: OpInfo, mesh: Mesh, rules: OpRules | None, local: list[np.ndarray], metas: list[TensorMeta | None]
+) -> np.ndarray:
     n = len(local[0]) if local else 1
     if rules is not None and rules.kind == "view":
         return np.zeros(n)
@@ -208,13 +231,16 @@ def _compute_s(info: OpInfo, mesh: Mesh, rules: OpRules | None, local: list[np.n
         if meta is not None:
             moved += local[slot].prod(axis=1) * float(meta.itemsize)
     dtype = next((m.dtype for m in info.inputs if m.dtype.is_floating_point), None) or (
-        info.outputs[0].dtype if info.outputs and info.outputs[0] is not None else None)
+        info.outputs[0].dtype if info.outputs and info.outputs[0] is not None else None
+    )
     peak = hw.flops_for(dtype_name(dtype)) if dtype is not None else hw.flops_for("float32")
     flops = _flops(info, rules, local, metas)
     return np.maximum(flops / peak, moved / hw.memory_bandwidth) + hw.launch_s
 
 
-def _flops(info: OpInfo, rules: OpRules | None, local: list[np.ndarray], metas: list[TensorMeta | None]) -> np.ndarray:
+def _flops(
+    info: OpInfo, rules: OpRules | None, local: list[np.ndarray], metas: list[TensorMeta | None]
+) -> np.ndarray:
     """FLOPs per strategy on local shapes, computed once per distinct combination of local shapes."""
     n_out = len(info.outputs)
     formula = rules.flops if rules is not None and rules.flops is not None else _torch_flops(info)
@@ -227,7 +253,7 @@ def _flops(info: OpInfo, rules: OpRules | None, local: list[np.ndarray], metas: 
     bounds = np.cumsum([0, *widths])
     values = np.empty(len(unique))
     for u, row in enumerate(unique):
-        shapes = [tuple(int(v) for v in row[bounds[k]:bounds[k + 1]]) for k in range(len(widths))]
+        shapes = [tuple(int(v) for v in row[bounds[k] : bounds[k + 1]]) for k in range(len(widths))]
         outs = [None if metas[k] is None else shapes[k] for k in range(n_out)]
         values[u] = formula(info, shapes[n_out:], outs)
     return values[inverse.ravel()]

@@ -44,12 +44,23 @@ class Hardware:
     launch_s: float = 5e-6
     """Floor on any kernel's time (launch overhead), seconds."""
     collective_launch_s: float = 6.6e-6
-    """Fixed cost of starting one collective, seconds (so one all-reduce beats all-gather + reduce-scatter)."""
+    """Fixed cost of starting one collective, seconds (one all-reduce beats all-gather + reduce-scatter)."""
     default_flops_dtype: str = field(default="float32")
 
     def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted(self.peak_flops.items())), self.memory_bandwidth, self.memory_bytes,
-                     self.node_size, self.intra_node, self.inter_node, self.launch_s, self.collective_launch_s))
+        return hash(
+            (
+                self.name,
+                tuple(sorted(self.peak_flops.items())),
+                self.memory_bandwidth,
+                self.memory_bytes,
+                self.node_size,
+                self.intra_node,
+                self.inter_node,
+                self.launch_s,
+                self.collective_launch_s,
+            )
+        )
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype name; unknown dtypes use ``default_flops_dtype``."""
@@ -60,8 +71,9 @@ class Hardware:
         return self.peak_flops[self.default_flops_dtype]
 
 
-def _gpu(name: str, bf16: float, fp32: float, fp8: float, hbm: float, mem_gb: float, nvlink: float,
-         ib: float) -> Hardware:
+def _gpu(
+    name: str, bf16: float, fp32: float, fp8: float, hbm: float, mem_gb: float, nvlink: float, ib: float
+) -> Hardware:
     return Hardware(
         name=name,
         peak_flops={"bfloat16": bf16, "float16": bf16, "float32": fp32, "float64": fp32 / 2, "float8": fp8},
@@ -103,7 +115,7 @@ class HardwareError(ValueError):
 
 
 def get_hardware(name_or_path: str | Hardware) -> Hardware:
-    """A preset by name (``h100``, ``a100``, ``b200``, ``cpu``) or a JSON/YAML file (see :func:`load_hardware`)."""
+    """A preset by name (``h100``, ``a100``, ``b200``, ``cpu``) or a JSON/YAML file (see load_hardware)."""
     if isinstance(name_or_path, Hardware):
         return name_or_path
     if name_or_path in PRESETS:
@@ -111,8 +123,9 @@ def get_hardware(name_or_path: str | Hardware) -> Hardware:
     path = Path(name_or_path)
     if path.suffix.lower() in (".json", ".yaml", ".yml"):
         return load_hardware(path)
-    raise HardwareError(f"hardware: unknown preset {name_or_path!r}; presets are {sorted(PRESETS)} or a "
-                        ".json/.yaml file")
+    raise HardwareError(
+        f"hardware: unknown preset {name_or_path!r}; presets are {sorted(PRESETS)} or a .json/.yaml file"
+    )
 
 
 def load_hardware(path: str | Path) -> Hardware:

@@ -42,12 +42,15 @@ class Mesh:
         return (self.shape, self.links, self.hardware)
 
     def __str__(self) -> str:
-        axes = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))
+        axes = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape, strict=False))
         return f"mesh({axes}; {self.hardware.name})"
 
 
-def make_mesh(shape: Sequence[int] | str, axis_names: Sequence[str] | str | None = None,
-              hardware: str | Hardware = "h100") -> Mesh:
+def make_mesh(
+    shape: Sequence[int] | str,
+    axis_names: Sequence[str] | str | None = None,
+    hardware: str | Hardware = "h100",
+) -> Mesh:
     """A mesh from a shape (``(2, 4)`` or ``"2x4"``), optional axis names and a hardware preset or file."""
     dims = parse_mesh_shape(shape) if isinstance(shape, str) else tuple(int(s) for s in shape)
     if not dims or any(s < 1 for s in dims):
@@ -55,15 +58,19 @@ def make_mesh(shape: Sequence[int] | str, axis_names: Sequence[str] | str | None
     if axis_names is None:
         names = default_axis_names(len(dims))
     else:
-        names = tuple(n.strip() for n in axis_names.split(",")) if isinstance(axis_names, str) else tuple(
-            axis_names)
+        names = (
+            tuple(n.strip() for n in axis_names.split(","))
+            if isinstance(axis_names, str)
+            else tuple(axis_names)
+        )
     if len(names) != len(dims):
         raise MeshError(f"axis_names: {len(names)} names for a {len(dims)}-D mesh")
     if len(set(names)) != len(names) or any(not n for n in names):
         raise MeshError(f"axis_names: names must be distinct and non-empty, got {list(names)}")
     hw = get_hardware(hardware)
-    links = tuple(hw.inter_node if math.prod(dims[i:]) > hw.node_size else hw.intra_node
-                  for i in range(len(dims)))
+    links = tuple(
+        hw.inter_node if math.prod(dims[i:]) > hw.node_size else hw.intra_node for i in range(len(dims))
+    )
     return Mesh(shape=dims, axis_names=names, links=links, hardware=hw)
 
 
@@ -75,4 +82,6 @@ def parse_mesh_shape(text: str) -> tuple[int, ...]:
 
 
 def default_axis_names(ndim: int) -> tuple[str, ...]:
-    return {1: ("dp",), 2: ("dp", "tp"), 3: ("dp", "cp", "tp")}.get(ndim, tuple(f"axis{i}" for i in range(ndim)))
+    return {1: ("dp",), 2: ("dp", "tp"), 3: ("dp", "cp", "tp")}.get(
+        ndim, tuple(f"axis{i}" for i in range(ndim))
+    )

@@ -63,8 +63,13 @@ class OpRules:
 _REGISTRY: dict[Any, OpRules] = {}
 
 
-def register(*ops: Any, kind: str = "compute", filter: SpecFilter | None = None, flops: FlopsFn | None = None,
-             even_only: bool = False) -> Callable[[RuleFn], RuleFn]:
+def register(
+    *ops: Any,
+    kind: str = "compute",
+    filter: SpecFilter | None = None,
+    flops: FlopsFn | None = None,
+    even_only: bool = False,
+) -> Callable[[RuleFn], RuleFn]:
     """Register single-axis rules for one or more aten overloads."""
     if kind not in ("compute", "view"):
         raise ValueError(f"kind must be 'compute' or 'view', got {kind!r}")

@@ -41,13 +41,27 @@ class TensorMeta:
 
 
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
-    "float8_e4m3fn": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
-    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
-    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "double": torch.float64,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "fp8": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "int64": torch.int64,
+    "long": torch.int64,
+    "int32": torch.int32,
+    "int": torch.int32,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
 }
 
 
@@ -81,7 +95,9 @@ def meta_outputs(op: Callable, args: tuple, kwargs: dict) -> tuple[TensorMeta | 
     """Run ``op`` on meta tensors (fake CPU tensors when it has no meta kernel) to learn its outputs."""
 
     def on(device: str) -> Callable[[Any], Any]:
-        return lambda x: torch.empty(x.shape, dtype=x.dtype, device=device) if isinstance(x, TensorMeta) else x
+        return lambda x: (
+            torch.empty(x.shape, dtype=x.dtype, device=device) if isinstance(x, TensorMeta) else x
+        )
 
     try:
         return flatten_outputs(op(*tree_map(on("meta"), args), **tree_map(on("meta"), kwargs)))

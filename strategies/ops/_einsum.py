@@ -12,7 +12,7 @@ the output's placement where it has the dim (broadcast dims and size-1 dims stay
 
 from __future__ import annotations
 
-from strategies.placement import NONE, R, P
+from strategies.placement import NONE, P, R
 from strategies.registry import Row
 
 
@@ -29,8 +29,12 @@ def einsum_rules(equation: str, bias_shape: tuple[int, ...] | None = None) -> li
         elif not in_output and all(holders):  # contracting dim
             rows.append([P, *(spec.index(letter) for spec in inputs)])
         elif in_output and sum(holders) == 1:  # free dim of one input
-            rows.append([output.index(letter), *(spec.index(letter) if has else R
-                                                 for spec, has in zip(inputs, holders))])
+            rows.append(
+                [
+                    output.index(letter),
+                    *(spec.index(letter) if has else R for spec, has in zip(inputs, holders, strict=False)),
+                ]
+            )
     if bias_shape is None:
         return rows
     return [[row[0], _bias_code(row[0], len(output), bias_shape), *row[1:]] for row in rows]

@@ -42,4 +42,3 @@ def t_rules(info: OpInfo) -> list[Row]:
     ndim = info.inputs[0].ndim
     swapped = [[d, d] for d in range(ndim)] if ndim < 2 else [[1, 0], [0, 1]]
     return swapped + partial_passthrough(2)
-

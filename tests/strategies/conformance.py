@@ -83,8 +83,13 @@ def _metas(tree: Any) -> Any:
 
 def strategy_list(case: Case, mesh_shape: tuple[int, ...]) -> list[tuple[list, list]]:
     """``(input specs, output specs)`` of every strategy of a case, as plain lists."""
-    strategies = op_strategies(resolve_op(case.op), _metas(case.args), _metas(case.kwargs), make_mesh(mesh_shape))
-    return [(strategies.input_specs[i].tolist(), strategies.output_specs[i].tolist()) for i in range(len(strategies))]
+    strategies = op_strategies(
+        resolve_op(case.op), _metas(case.args), _metas(case.kwargs), make_mesh(mesh_shape)
+    )
+    return [
+        (strategies.input_specs[i].tolist(), strategies.output_specs[i].tolist())
+        for i in range(len(strategies))
+    ]
 
 
 class ProcessGroup:
@@ -97,8 +102,10 @@ class ProcessGroup:
             port = s.getsockname()[1]
         self.jobs = [ctx.Queue() for _ in range(WORLD)]
         self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker, args=(rank, port, self.jobs[rank], self.results), daemon=True)
-                      for rank in range(WORLD)]
+        self.procs = [
+            ctx.Process(target=_worker, args=(rank, port, self.jobs[rank], self.results), daemon=True)
+            for rank in range(WORLD)
+        ]
         for p in self.procs:
             p.start()
         for _ in range(WORLD):
@@ -114,7 +121,7 @@ class ProcessGroup:
         failures: list[str] = []
         for _ in range(WORLD):
             try:
-                rank, lines = self.results.get(timeout=JOB_TIMEOUT_S)
+                _rank, lines = self.results.get(timeout=JOB_TIMEOUT_S)
             except queue.Empty:
                 return [f"{case} on {mesh_shape}: timed out after {JOB_TIMEOUT_S} s"]
             for line in [lines] if isinstance(lines, str) else lines:
@@ -195,7 +202,7 @@ def _global_tensor(arg: Any, gen: torch.Generator) -> Any:
 
 def _partial_pieces(value: torch.Tensor, code: int, n: int, gen: torch.Generator) -> list[torch.Tensor]:
     """``n`` local values whose reduction (sum, avg, max, min by ``code``) is ``value``."""
-    from strategies.placement import P, P_AVG, P_MAX
+    from strategies.placement import P_AVG, P_MAX, P
 
     noise = [torch.randn(value.shape, generator=gen).to(value.dtype) for _ in range(n)]
     if code == P:
@@ -215,14 +222,16 @@ def _to_dtensor(value: torch.Tensor, spec: list[int], mesh: Any, gen: torch.Gene
     from strategies.placement import is_partial, to_dtensor
 
     placements = to_dtensor(spec)
-    whole = [Replicate() if is_partial(c) else p for c, p in zip(spec, placements)]
+    whole = [Replicate() if is_partial(c) else p for c, p in zip(spec, placements, strict=False)]
     local = value
     coords = mesh.get_coordinate()
     for axis, code in enumerate(spec):  # the partial value this rank holds, before sharding
         if is_partial(code):
             local = _partial_pieces(local, code, mesh.shape[axis], gen)[coords[axis]]
     local = distribute_tensor(local, mesh, whole, src_data_rank=None).to_local()
-    return DTensor.from_local(local, mesh, placements, run_check=False, shape=value.shape, stride=value.stride())
+    return DTensor.from_local(
+        local, mesh, placements, run_check=False, shape=value.shape, stride=value.stride()
+    )
 
 
 def _check_case(case: Case, mesh: Any, strategies: list[tuple[list, list]]) -> list[str]:
@@ -242,11 +251,10 @@ def _check_case(case: Case, mesh: Any, strategies: list[tuple[list, list]]) -> l
     tensor_slots = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     failures: list[str] = []
     for index, (input_specs, output_specs) in enumerate(strategies):
-        label = (f"{case} on {tuple(mesh.shape)} strategy {index} inputs "
-                 f"{[spec_text(s) for s in input_specs]}")
+        label = f"{case} on {tuple(mesh.shape)} strategy {index} inputs {[spec_text(s) for s in input_specs]}"
         split_gen = torch.Generator().manual_seed(99 + index)
         new_leaves = list(leaves)
-        for slot, spec in zip(tensor_slots, input_specs):
+        for slot, spec in zip(tensor_slots, input_specs, strict=False):
             new_leaves[slot] = _to_dtensor(leaves[slot], spec, mesh, split_gen)
         dt_args, dt_kwargs = tree_unflatten(new_leaves, tree)
         try:
@@ -258,18 +266,23 @@ def _check_case(case: Case, mesh: Any, strategies: list[tuple[list, list]]) -> l
         if comm.get_total_counts():
             failures.append(f"{label}: inputs were redistributed ({dict(comm.get_comm_counts())})")
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        for k, (got, want_spec) in enumerate(zip(outs, output_specs)):
+        for k, (got, want_spec) in enumerate(zip(outs, output_specs, strict=False)):
             if not isinstance(got, DTensor):
                 continue
             have = list(from_dtensor(got.placements))
             if have != want_spec:
-                failures.append(f"{label}: output {k} placement {spec_text(have)}, predicted {spec_text(want_spec)}")
+                failures.append(
+                    f"{label}: output {k} placement {spec_text(have)}, predicted {spec_text(want_spec)}"
+                )
                 continue
             full = got.full_tensor()
             if tuple(full.shape) != tuple(expected_flat[k].shape):
-                failures.append(f"{label}: output {k} shape {tuple(full.shape)} != {tuple(expected_flat[k].shape)}")
-            elif case.check_values and not torch.allclose(full.float(), expected_flat[k].float(), atol=case.atol,
-                                                          rtol=case.rtol, equal_nan=True):
+                failures.append(
+                    f"{label}: output {k} shape {tuple(full.shape)} != {tuple(expected_flat[k].shape)}"
+                )
+            elif case.check_values and not torch.allclose(
+                full.float(), expected_flat[k].float(), atol=case.atol, rtol=case.rtol, equal_nan=True
+            ):
                 err = (full.float() - expected_flat[k].float()).abs().max().item()
                 failures.append(f"{label}: output {k} differs from one process (max abs error {err:.3g})")
     return failures

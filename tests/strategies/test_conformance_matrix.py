@@ -28,5 +28,7 @@ def test_every_strategy_runs_as_predicted(gloo, case: Case, mesh_shape: tuple[in
 
 
 def test_bf16_matmul_conforms(gloo) -> None:  # noqa: F811
-    case = Case("aten.mm.default", (T((8, 8), torch.bfloat16), T((8, 8), torch.bfloat16)), atol=0.1, rtol=0.05)
+    case = Case(
+        "aten.mm.default", (T((8, 8), torch.bfloat16), T((8, 8), torch.bfloat16)), atol=0.1, rtol=0.05
+    )
     assert not gloo.check(case, (2, 2))
