@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from strategies.mesh import Mesh
-from strategies.placement import R, Spec, is_partial, is_shard
+from strategies.placement import NONE, R, Spec, is_partial, is_shard
 
 INF = float("inf")
 
@@ -146,7 +146,7 @@ def _step(mesh: Mesh, shape: tuple[int, ...], itemsize: int, state: list[int], a
 @lru_cache(maxsize=1 << 18)
 def redistribute_s(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec, dst: Spec) -> float:
     """Seconds to move a tensor from ``src`` to ``dst`` (inf when DTensor cannot)."""
-    if src == dst:
+    if src == dst or NONE in dst:  # NONE: the consumer does not read this tensor
         return 0.0
     return sum(step.seconds for step in redistribute_steps(mesh, shape, itemsize, src, dst))
 

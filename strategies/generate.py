@@ -147,7 +147,7 @@ def _build(info: OpInfo, mesh: Mesh, rules: OpRules | None, rows: list, source: 
                 f"{info.op}: rule {row} has {len(row)} entries, expected {n_out} outputs + "
                 f"{n_in} tensor arguments"
             )
-        table.append([NONE if m is None else c for c, m in zip(row, metas, strict=False)])
+        table.append([NONE if m is None else c for c, m in zip(row, metas, strict=True)])
     base = _unique_rows(np.array(table, dtype=np.int16))
     combos = np.array(list(itertools.product(range(len(base)), repeat=mesh.ndim)), dtype=np.int64)
     specs = base[combos].transpose(0, 2, 1)  # [strategy, tensor, axis]

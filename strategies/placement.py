@@ -5,7 +5,8 @@ A tensor's placement on an N-D mesh is a tuple of N codes (a *spec*), one per me
 - ``d >= 0``  ``Shard(d)``, written ``S(d)``
 - ``R``       ``Replicate()``
 - ``P``       ``Partial("sum")``; ``P_AVG``, ``P_MAX``, ``P_MIN`` for the other reductions
-- ``NONE``    the slot is not a tensor (a non-tensor output), only inside strategy rows
+- ``NONE``    only inside strategy rows: the slot is not a tensor (a non-tensor output), or an input
+              the strategy does not read (any placement will do); written ``*``
 
 Integers keep whole strategy lists in numpy arrays (``[strategy, tensor, axis]``) so costs and
 filters are computed vectorised. Text follows DESIGN.md (``["S(0)", "R"]``).
@@ -49,6 +50,8 @@ def code_text(code: int) -> str:
         return "R"
     if code in _PARTIAL_TEXT:
         return _PARTIAL_TEXT[code]
+    if code == NONE:
+        return "*"
     raise ValueError(f"not a placement code: {code}")
 
 

@@ -219,8 +219,9 @@ def _to_dtensor(value: torch.Tensor, spec: list[int], mesh: Any, gen: torch.Gene
     """A DTensor of ``value`` with placements ``spec`` (random splits on partial axes)."""
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-    from strategies.placement import is_partial, to_dtensor
+    from strategies.placement import NONE, R, is_partial, to_dtensor
 
+    spec = [R if c == NONE else c for c in spec]  # an input the strategy does not read: any placement
     placements = to_dtensor(spec)
     whole = [Replicate() if is_partial(c) else p for c, p in zip(spec, placements, strict=False)]
     local = value
