@@ -1,12 +1,12 @@
 """The op registry: ``@register(aten.mm.default)`` on a function giving an op's single-axis rules.
 
 A *rule* is one row of placement codes for one mesh axis: the outputs first, then every tensor
-argument in the order they appear when the arguments are flattened (``NONE`` for a non-tensor
-output, and for an input the strategy does not read, such as the unselected members of the tuple
-``operator.getitem`` picks from: no placement is asked of it). ``[S(0), S(0), R]`` for ``mm`` says: shard the output's dim 0 and ``self``'s dim 0, keep
-``mat2`` whole. Rules are expanded to the full mesh by product over axes, filtered once, and costed
-in :mod:`strategies.generate`. The all-replicate rule is always added, so rule functions list only
-the sharded ways.
+argument in the order they appear when the arguments are flattened. ``NONE`` marks a non-tensor
+output, or an input the strategy does not read (the unselected members of the tuple
+``operator.getitem`` picks from): no placement is asked of it. ``[S(0), S(0), R]`` for ``mm``
+says: shard the output's dim 0 and ``self``'s dim 0, keep ``mat2`` whole. Rules are expanded to the
+full mesh by product over axes, filtered once, and costed in :mod:`strategies.generate`. The
+all-replicate rule is always added, so rule functions list only the sharded ways.
 """
 
 from __future__ import annotations
