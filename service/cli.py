@@ -81,6 +81,49 @@ def solve(
         _fail(f"no solution within {time_limit:g} s", EXIT_INFEASIBLE if result.status == "infeasible" else 1)
 
 
+@app.command("strategies")
+def strategies_command(
+    op: Annotated[str, typer.Argument(help="aten overload, e.g. aten.mm.default (.default may be left out)")],
+    mesh: Annotated[str, typer.Option(help="mesh shape, e.g. 2x2")],
+    shapes: Annotated[
+        str | None, typer.Option(help="tensor arguments in order, e.g. 64x32,32x16 (all of --dtype)")
+    ] = None,
+    args: Annotated[
+        str | None,
+        typer.Option(
+            help='positional arguments as JSON; a tensor is {"shape": [64, 32], "dtype": "float32"}'
+        ),
+    ] = None,
+    kwargs: Annotated[
+        str | None, typer.Option(help="keyword arguments as a JSON object, same notation")
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="dtype of --shapes tensors, and of --args tensors without one")
+    ] = "float32",
+    axis_names: Annotated[str | None, typer.Option("--axis-names", help="e.g. dp,tp")] = None,
+    hardware: Annotated[str, typer.Option(help="h100, a100, b200, cpu, or a .json/.yaml file")] = "h100",
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
+) -> None:
+    """List an op's sharding strategies on a mesh, with compute, memory and redistribution costs.
+
+    Exit 0 with the list, 2 for bad input (the message names the option), 1 if generation itself fails.
+    """
+    from service import strategies_view as view
+
+    try:
+        request = view.parse_request(op, shapes, args, kwargs, dtype, mesh, axis_names, hardware)
+        result = view.generate(request)
+    except view.BadInput as error:
+        _fail(str(error), EXIT_BAD_INPUT)
+    except Exception as error:  # a bug in a rule: one line, not a traceback
+        first_line = (str(error).splitlines() or [""])[0]
+        _fail(f"strategies for {op} failed: {type(error).__name__}: {first_line}", 1)
+    if as_json:
+        _emit(view.as_records(result), None)
+    else:
+        typer.echo(view.as_table(request, result))
+
+
 def _print_progress(phase: str, seconds: float, incumbent: float, bound: float) -> None:
     gap = (
         (incumbent - bound) / incumbent

@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 
 from strategies.mesh import Mesh
-from strategies.placement import NONE, R, Spec, is_partial, is_shard
+from strategies.placement import NONE, P_MASK, P, R, Spec, is_partial, is_shard
 
 INF = float("inf")
 
@@ -66,7 +66,7 @@ def all_reduce_s(mesh: Mesh, axis: int, nbytes: float) -> float:
     link = mesh.links[axis]
     ring = 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
     tree = 2 * math.ceil(math.log2(n)) * link.latency + 2 * nbytes / link.bandwidth
-    return mesh.hardware.collective_launch_s + min(ring, tree)
+    return mesh.hardware.collective_launch_s + np.minimum(ring, tree)
 
 
 def all_to_all_s(mesh: Mesh, axis: int, nbytes: float) -> float:
@@ -161,9 +161,103 @@ def redistribute_matrix(
     dst_unique, dst_index = np.unique(
         np.asarray(dst_specs).reshape(len(dst_specs), -1), axis=0, return_inverse=True
     )
-    src_keys = [tuple(int(c) for c in row) for row in src_unique]
-    dst_keys = [tuple(int(c) for c in row) for row in dst_unique]
-    small = np.array(
-        [[redistribute_s(mesh, shape, itemsize, s, d) for d in dst_keys] for s in src_keys], dtype=np.float64
-    ).reshape(len(src_keys), len(dst_keys))
+    src_keys = tuple(tuple(int(c) for c in row) for row in src_unique)
+    dst_keys = tuple(tuple(int(c) for c in row) for row in dst_unique)
+    small = _cost_table(mesh, tuple(shape), itemsize, src_keys, dst_keys)
     return small[np.ix_(src_index.ravel(), dst_index.ravel())]
+
+
+@lru_cache(maxsize=1 << 14)
+def _cost_table(
+    mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_keys: tuple[Spec, ...], dst_keys: tuple[Spec, ...]
+) -> np.ndarray:
+    """``[src, dst]`` seconds between distinct specs; cached because the same edges recur in every layer."""
+    src = np.array(src_keys, dtype=np.int64).reshape(len(src_keys), mesh.ndim)
+    dst = np.array(dst_keys, dtype=np.int64).reshape(len(dst_keys), mesh.ndim)
+    pairs_src = np.repeat(src, len(dst), axis=0)
+    pairs_dst = np.tile(dst, (len(src), 1))
+    table = pair_costs(mesh, shape, itemsize, pairs_src, pairs_dst).reshape(len(src), len(dst))
+    table.flags.writeable = False
+    return table
+
+
+def pair_costs(
+    mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: np.ndarray, dst: np.ndarray
+) -> np.ndarray:
+    """Seconds for many (src, dst) spec pairs at once: :func:`redistribute_steps` run on arrays.
+
+    Both phases of DTensor's planner are applied to all pairs together, one mesh axis at a time; the
+    local bytes of every state come from a table over all specs of the tensor (a spec is a number in
+    base ``ndim + 7``).
+    """
+    lookup, weights = _bytes_table(mesh, tuple(shape), itemsize)
+    state = np.where(src == NONE, R, src).astype(np.int64)
+    key = (state - _LOWEST) @ weights
+    cost = np.zeros(len(src))
+
+    def move(axis: int, want: np.ndarray, moving: np.ndarray) -> None:
+        nonlocal key
+        rows = np.flatnonzero(moving)
+        if not len(rows):
+            return
+        have, to = state[rows, axis], want[rows]
+        new_key = key[rows] + (np.where(to == NONE, R, to) - have) * weights[axis]
+        cost[rows] += _step_costs(mesh, axis, have, to, lookup[key[rows]], lookup[new_key])
+        state[rows, axis] = to
+        key[rows] = new_key
+
+    if mesh.ndim > 1:
+        sharded = np.where(state >= 0, np.asarray(mesh.shape), 1).prod(axis=1) > 1
+        for axis in reversed(range(mesh.ndim)):  # undo nested sharding from the inside out
+            want = dst[:, axis].copy()
+            if axis:
+                outer = (state[:, :axis] == want[:, None]) != (dst[:, :axis] == want[:, None])
+                want[(want >= 0) & outer.any(axis=1)] = R
+            move(axis, want, sharded & (state[:, axis] != want))
+    for axis in range(mesh.ndim):
+        move(axis, dst[:, axis], state[:, axis] != dst[:, axis])
+    cost[(dst == NONE).any(axis=1) | (src == dst).all(axis=1)] = 0.0
+    return cost
+
+
+_LOWEST = P_MASK  # the smallest placement code
+
+
+@lru_cache(maxsize=4096)
+def _bytes_table(mesh: Mesh, shape: tuple[int, ...], itemsize: int) -> tuple[np.ndarray, np.ndarray]:
+    """Local bytes of every spec of a tensor, indexed by ``(spec - P_MASK) @ weights``."""
+    base = len(shape) - _LOWEST
+    weights = base ** np.arange(mesh.ndim - 1, -1, -1, dtype=np.int64)
+    digits = np.indices((base,) * mesh.ndim).reshape(mesh.ndim, -1).T + _LOWEST
+    sizes = np.asarray(mesh.shape, dtype=np.int64)
+    numel = np.ones(len(digits), dtype=np.float64)
+    for d, size in enumerate(shape):
+        pieces = np.where(digits == d, sizes, 1).prod(axis=1)
+        numel *= -(-size // pieces)
+    return numel * itemsize, weights
+
+
+def _step_costs(
+    mesh: Mesh, axis: int, have: np.ndarray, want: np.ndarray, before: np.ndarray, after: np.ndarray
+) -> np.ndarray:
+    """Seconds of moving ``axis`` from ``have`` to ``want`` (per pair), local bytes before and after."""
+    have_shard, want_shard = have >= 0, want >= 0
+    have_partial = (have <= P) & (have != NONE)
+    cost = np.full(len(have), INF)
+    cost[(have == R) | (want == NONE)] = 0.0
+    gather = have_shard & (want == R)
+    cost[gather] = all_gather_s(mesh, axis, after[gather])
+    swap = have_shard & want_shard
+    cost[swap] = all_to_all_s(mesh, axis, before[swap])
+    reduce = have_partial & (want == R)
+    cost[reduce] = all_reduce_s(mesh, axis, before[reduce])
+    scatter = have_partial & want_shard
+    cost[scatter] = reduce_scatter_s(mesh, axis, before[scatter])
+    return cost
+
+
+def clear_cache() -> None:
+    """Forget every cached redistribution cost (benchmarks time cold runs)."""
+    redistribute_s.cache_clear()
+    _cost_table.cache_clear()
+    _bytes_table.cache_clear()

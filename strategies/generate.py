@@ -7,7 +7,8 @@ Steps, each in one place:
 2. expand: the product of the rows over the mesh axes (``rows ** ndim`` combinations), as one
    ``[strategy, tensor, axis]`` integer array;
 3. filter: a tensor dim may only be sharded over axes whose sizes multiply to at most its size
-   (DTensor's ``is_tensor_shardable``); rules may add their own filter; duplicates removed;
+   (DTensor's ``is_tensor_shardable``); no tensor is partial under two reductions at once; rules
+   may add their own filter; duplicates removed; all-replicate always stays;
 4. cost (vectorised over strategies):
    ``memory_bytes`` = sum over outputs of the largest local piece's bytes;
    ``compute_s`` = ``max(FLOPs / peak(dtype), bytes read and written / memory bandwidth) + launch``
@@ -28,7 +29,7 @@ from torch.utils._pytree import tree_map
 
 from strategies.comm import redistribute_matrix
 from strategies.mesh import Mesh
-from strategies.placement import NONE, R, spec_text
+from strategies.placement import NONE, P_MASK, PARTIALS, R, spec_text
 from strategies.registry import OpInfo, OpRules, lookup
 from strategies.tensor_meta import TensorMeta, dtype_name, flatten_tensors, meta_outputs
 
@@ -103,7 +104,7 @@ def op_strategies(
         return hit
     if outputs is None:
         outputs = meta_outputs(op, args, kwargs)
-    info = OpInfo(op, tuple(args), dict(kwargs), tuple(flatten_tensors((args, kwargs))), tuple(outputs))
+    info = OpInfo(op, tuple(args), dict(kwargs), tuple(flatten_tensors((args, kwargs))), tuple(outputs), mesh)
     rules, rows, source = _rules_for(info)
     result = _build(info, mesh, rules, rows, source)
     _CACHE[key] = result
@@ -139,7 +140,8 @@ def _build(info: OpInfo, mesh: Mesh, rules: OpRules | None, rows: list, source: 
     n_out, n_in = len(info.outputs), len(info.inputs)
     metas: list[TensorMeta | None] = [*info.outputs, *info.inputs]
     replicate = [NONE if m is None else R for m in metas]
-    table = [replicate]
+    add_replicate = rules is None or rules.add_replicate
+    table = [replicate] if add_replicate else []
     for row in rows:
         row = [NONE if c is None else int(c) for c in row]
         if len(row) != n_out + n_in:
@@ -148,12 +150,17 @@ def _build(info: OpInfo, mesh: Mesh, rules: OpRules | None, rows: list, source: 
                 f"{n_in} tensor arguments"
             )
         table.append([NONE if m is None else c for c, m in zip(row, metas, strict=True)])
-    base = _unique_rows(np.array(table, dtype=np.int16))
+    base = _unique_rows(np.array(table or [replicate], dtype=np.int16))
     combos = np.array(list(itertools.product(range(len(base)), repeat=mesh.ndim)), dtype=np.int64)
     specs = base[combos].transpose(0, 2, 1)  # [strategy, tensor, axis]
     keep = _shardable(specs, metas, mesh, even_only=rules is not None and rules.even_only)
+    keep &= _one_reduction_per_tensor(specs)
     if rules is not None and rules.filter is not None:
         keep &= rules.filter(info, specs[:, :n_out], specs[:, n_out:])
+    if add_replicate:
+        keep[0] = True  # all-replicate always runs
+    elif not keep.any():
+        raise ValueError(f"{info.op}: none of its rules fits arguments {[str(m) for m in info.inputs]}")
     specs = specs[keep]
     specs = specs[np.sort(np.unique(specs.reshape(len(specs), -1), axis=0, return_index=True)[1])]
     local = _local_shapes(specs, metas, mesh)
@@ -205,6 +212,12 @@ def _shardable(specs: np.ndarray, metas: list[TensorMeta | None], mesh: Mesh, ev
         if even_only:
             keep &= (shape % counts == 0).all(axis=1)
     return keep
+
+
+def _one_reduction_per_tensor(specs: np.ndarray) -> np.ndarray:
+    """No tensor partial under two reductions at once (``[P, P(max)]``): DTensor refuses mixed kinds."""
+    kinds = sum((specs == p).any(axis=2).astype(np.int64) for p in (*PARTIALS, P_MASK))
+    return (kinds <= 1).all(axis=1)
 
 
 def _local_shapes(specs: np.ndarray, metas: list[TensorMeta | None], mesh: Mesh) -> list[np.ndarray]:

@@ -9,6 +9,7 @@ can be overridden from a JSON or YAML file with the same field names (see :func:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,15 @@ class Hardware:
     default_flops_dtype: str = field(default="float32")
 
     def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> dict:
+        """Pickle without the cached hash: string hashes differ between processes."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        """Computed once: meshes (and so hardware) are hashed on every cached cost lookup."""
         return hash(
             (
                 self.name,

@@ -7,6 +7,7 @@ node_size``); otherwise its collectives cross nodes and use the inter-node link.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -25,6 +26,18 @@ class Mesh:
     axis_names: tuple[str, ...]
     links: tuple[Link, ...]
     hardware: Hardware
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __getstate__(self) -> dict:
+        """Pickle without the cached hash: string hashes differ between processes."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        """Computed once: a mesh is part of the key of every cached cost lookup."""
+        return hash((self.shape, self.axis_names, self.links, self.hardware))
 
     @property
     def ndim(self) -> int:

@@ -5,6 +5,8 @@ A tensor's placement on an N-D mesh is a tuple of N codes (a *spec*), one per me
 - ``d >= 0``  ``Shard(d)``, written ``S(d)``
 - ``R``       ``Replicate()``
 - ``P``       ``Partial("sum")``; ``P_AVG``, ``P_MAX``, ``P_MIN`` for the other reductions
+- ``P_MASK``  DTensor's masked partial sum (a row-wise sharded embedding's output, ``P(mask)``): it
+              reduces like ``P`` but no op reads it as ``P``, so consumers always reduce it first
 - ``NONE``    only inside strategy rows: the slot is not a tensor (a non-tensor output), or an input
               the strategy does not read (any placement will do); written ``*``
 
@@ -22,14 +24,15 @@ P = -2
 P_AVG = -3
 P_MAX = -4
 P_MIN = -5
+P_MASK = -6
 NONE = -100
 
 Spec = tuple[int, ...]
 
 PARTIALS = (P, P_AVG, P_MAX, P_MIN)
 LINEAR_PARTIALS = (P, P_AVG)
-_PARTIAL_TEXT = {P: "P", P_AVG: "P(avg)", P_MAX: "P(max)", P_MIN: "P(min)"}
-_TEXT_PARTIAL = {"P": P, "P(sum)": P, "P(avg)": P_AVG, "P(max)": P_MAX, "P(min)": P_MIN}
+_PARTIAL_TEXT = {P: "P", P_AVG: "P(avg)", P_MAX: "P(max)", P_MIN: "P(min)", P_MASK: "P(mask)"}
+_TEXT_PARTIAL = {"P": P, "P(sum)": P, "P(avg)": P_AVG, "P(max)": P_MAX, "P(min)": P_MIN, "P(mask)": P_MASK}
 _REDUCE_OP = {P: "sum", P_AVG: "avg", P_MAX: "max", P_MIN: "min"}
 _SHARD_TEXT = re.compile(r"^S\((\d+)\)$")
 
@@ -39,7 +42,7 @@ def is_shard(code: int) -> bool:
 
 
 def is_partial(code: int) -> bool:
-    return code in PARTIALS
+    return code in PARTIALS or code == P_MASK
 
 
 def code_text(code: int) -> str:
@@ -91,6 +94,8 @@ def to_dtensor(spec: Iterable[int]) -> tuple:
             out.append(Replicate())
         elif c in _REDUCE_OP:
             out.append(Partial(_REDUCE_OP[c]))
+        elif c == P_MASK:
+            raise ValueError("P(mask) is an output placement only (DTensor builds it in embedding)")
         else:
             raise ValueError(f"not a placement code: {c}")
     return tuple(out)
@@ -104,6 +109,8 @@ def from_dtensor(placements: Iterable) -> Spec:
             out.append(int(p.dim))
         elif p.is_replicate():
             out.append(R)
+        elif type(p).__name__ == "_MaskPartial":
+            out.append(P_MASK)
         elif p.is_partial():
             op = getattr(p, "reduce_op", "sum")
             out.append({v: k for k, v in _REDUCE_OP.items()}[op])

@@ -34,6 +34,8 @@ class OpInfo:
     kwargs: dict
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta | None, ...]
+    mesh: Any = None
+    """The :class:`~strategies.mesh.Mesh` strategies are generated for (filters may need axis sizes)."""
 
     def arg(self, index: int, name: str | None = None, default: Any = None) -> Any:
         """Positional argument ``index``, else keyword ``name``, else the schema default, else ``default``."""
@@ -58,6 +60,8 @@ class OpRules:
     """FLOPs of one strategy's local shapes; default ``torch.utils.flop_counter`` or one per element."""
     even_only: bool = False
     """Reject uneven shards (views that cannot split unevenly)."""
+    add_replicate: bool = True
+    """Add the all-replicate row; off when the rules give their own (with ``NONE`` for unread inputs)."""
     extra: dict = field(default_factory=dict)
 
 
@@ -70,6 +74,7 @@ def register(
     filter: SpecFilter | None = None,
     flops: FlopsFn | None = None,
     even_only: bool = False,
+    add_replicate: bool = True,
 ) -> Callable[[RuleFn], RuleFn]:
     """Register single-axis rules for one or more aten overloads."""
     if kind not in ("compute", "view"):
@@ -77,7 +82,9 @@ def register(
 
     def wrap(fn: RuleFn) -> RuleFn:
         for op in ops:
-            _REGISTRY[op] = OpRules(fn, kind=kind, filter=filter, flops=flops, even_only=even_only)
+            _REGISTRY[op] = OpRules(
+                fn, kind=kind, filter=filter, flops=flops, even_only=even_only, add_replicate=add_replicate
+            )
         return fn
 
     return wrap

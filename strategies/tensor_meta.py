@@ -99,10 +99,18 @@ def meta_outputs(op: Callable, args: tuple, kwargs: dict) -> tuple[TensorMeta | 
             torch.empty(x.shape, dtype=x.dtype, device=device) if isinstance(x, TensorMeta) else x
         )
 
+    meta_kwargs = tree_map(on("meta"), kwargs)
+    if not flatten_tensors((args, kwargs)) and _takes_device(op):
+        meta_kwargs["device"] = "meta"  # a factory: allocate nothing
     try:
-        return flatten_outputs(op(*tree_map(on("meta"), args), **tree_map(on("meta"), kwargs)))
+        return flatten_outputs(op(*tree_map(on("meta"), args), **meta_kwargs))
     except (NotImplementedError, RuntimeError):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         with FakeTensorMode(allow_non_fake_inputs=True):
             return flatten_outputs(op(*tree_map(on("cpu"), args), **tree_map(on("cpu"), kwargs)))
+
+
+def _takes_device(op: Callable) -> bool:
+    schema = getattr(op, "_schema", None)
+    return schema is not None and any(a.name == "device" and a.kwarg_only for a in schema.arguments)

@@ -1,4 +1,5 @@
-"""Matrix products: ``t``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``dot`` (PyTorch's ``_matrix_ops.py``)."""
+"""Matrix products: ``t``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``dot``, the float8 ``_scaled_mm``, the
+mixture-of-experts ``_grouped_mm``, and ``constant_pad_nd`` (PyTorch's ``_matrix_ops.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import torch
 
 from strategies.ops._common import partial_passthrough
 from strategies.ops._einsum import einsum_rules
+from strategies.placement import P_AVG, P_MAX, P_MIN, P, R
 from strategies.registry import OpInfo, Row, register
+from strategies.tensor_meta import TensorMeta
 
 aten = torch.ops.aten
 
@@ -42,3 +45,95 @@ def t_rules(info: OpInfo) -> list[Row]:
     ndim = info.inputs[0].ndim
     swapped = [[d, d] for d in range(ndim)] if ndim < 2 else [[1, 0], [0, 1]]
     return swapped + partial_passthrough(2)
+
+
+# ---------------------------------------------------------------------------------------- _scaled_mm
+
+
+def _scale_code(data_code: int, scale: TensorMeta, contracting_dim: int) -> int | None:
+    """The placement of a ``_scaled_mm`` scale given its operand's, ``None`` when no placement works.
+
+    A tensor-wise scale (one element) stays whole; a row-wise scale (``[M, 1]`` for ``self``, ``[1, N]`` for
+    ``mat2``) is cut like its operand (a cut of its size-1 dim is dropped by the shardability filter); a 1-D
+    blockwise scale (``[M * K / block]``) follows a cut of the free dim as ``S(0)`` and cannot follow a cut
+    of the contracting dim, whose blocks it interleaves.
+    """
+    if scale.numel == 1:
+        return R
+    if scale.ndim != 1:
+        return data_code
+    if data_code == contracting_dim:
+        return None
+    return 0 if data_code >= 0 else R
+
+
+def _is_float8(meta: TensorMeta | None) -> bool:
+    return meta is not None and meta.dtype.is_floating_point and meta.itemsize == 1
+
+
+@register(aten._scaled_mm.default)
+def scaled_mm_rules(info: OpInfo) -> list[Row]:
+    """``(self * scale_a) @ (mat2 * scale_b)``: ``mm``'s rows, each scale placed by :func:`_scale_code`.
+
+    No operand is ever partial: float8 operands come out of a saturating cast, which does not commute with
+    a sum. A contracting-dim cut makes the output partial, which needs an output wider than float8 (the
+    reduction happens after the kernel's saturating cast). DTensor refuses ``bias`` and ``scale_result``,
+    so with either the op stays whole.
+    """
+    _self, _mat2, scale_a, scale_b, *rest = info.inputs
+    if rest:
+        return []
+    rows = []
+    for out, a, b in einsum_rules("mk,kn->mn"):
+        codes = (_scale_code(a, scale_a, contracting_dim=1), _scale_code(b, scale_b, contracting_dim=0))
+        if None in codes or (out == P and _is_float8(info.outputs[0])):
+            continue
+        rows.append([out, a, b, *codes])
+    return rows
+
+
+# --------------------------------------------------------------------------------------- _grouped_mm
+
+_GROUPED_MM: dict[tuple[int, int], tuple[str, tuple[int, int] | None]] = {
+    (2, 3): ("mk,gkn->mn", (0, 0)),
+    (3, 2): ("gmk,kn->mn", (1, 1)),
+    (2, 2): ("mk,kn->gmn", (0, 1)),
+    (3, 3): ("gmk,gkn->gmn", None),
+}
+"""Per (``self.ndim``, ``mat2.ndim``): the einsum of one group, and the (operand, dim) that ``offs`` cuts
+into groups (rows of ``self`` for 2d x 3d, columns of ``mat2`` for 3d x 2d, the shared ``K`` for 2d x 2d)."""
+
+
+@register(aten._grouped_mm.default)
+def grouped_mm_rules(info: OpInfo) -> list[Row]:
+    """Groups of matrix products: the einsum rows minus any cut of the grouped dim, whose group boundaries
+    (``offs``, kept whole) are global offsets; plus one operand partial, the other whole (linearity).
+
+    The 16-byte stride alignment the kernels require of the local operands is not checked here: a rule
+    filter does not see the mesh sizes that determine local sizes.
+    """
+    self_, mat2, *rest = info.inputs
+    if info.arg(3, "bias") is not None:
+        return []
+    equation, grouped = _GROUPED_MM[(self_.ndim, mat2.ndim)]
+    rows = [*einsum_rules(equation), [P, P, R], [P, R, P]]
+    if grouped is not None:
+        operand, dim = grouped
+        rows = [row for row in rows if row[1 + operand] != dim]
+    return [[*row, *(R for _ in rest)] for row in rows]
+
+
+# ------------------------------------------------------------------------------------ constant_pad_nd
+
+
+@register(aten.constant_pad_nd.default)
+def constant_pad_nd_rules(info: OpInfo) -> list[Row]:
+    """Cut any dim the op does not pad. A partial input stays partial where every rank writes the same
+    constant ``v`` and the reduction of ``v, ..., v`` is ``v``: avg, max and min always, sum only for
+    ``v == 0`` (or with no padding at all). One reduction per tensor across mesh axes (DTensor's limit)."""
+    ndim = info.inputs[0].ndim
+    pad = list(info.arg(1, "pad"))
+    padded = {ndim - 1 - i // 2 for i, amount in enumerate(pad) if amount != 0}
+    cuts = [[d, d] for d in range(ndim) if d not in padded]
+    sum_ok = not padded or info.arg(2, "value", 0) == 0
+    return cuts + partial_passthrough(2, (P, P_AVG, P_MAX, P_MIN) if sum_ok else (P_AVG, P_MAX, P_MIN))

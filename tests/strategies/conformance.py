@@ -51,6 +51,18 @@ class Ints:
 
 
 @dataclass(frozen=True)
+class Fixed:
+    """A tensor argument with given values (group offsets, a chosen mask)."""
+
+    values: tuple
+    dtype: torch.dtype = torch.int64
+
+    @property
+    def meta(self) -> TensorMeta:
+        return TensorMeta(tuple(torch.tensor(self.values).shape), self.dtype)
+
+
+@dataclass(frozen=True)
 class Case:
     """One op call to check: ``op`` as ``aten.name.overload``, tensors as TensorMeta or :class:`Ints`."""
 
@@ -72,7 +84,7 @@ def resolve_op(name: str) -> Any:
 
 
 def _metas(tree: Any) -> Any:
-    if isinstance(tree, Ints):
+    if isinstance(tree, (Ints, Fixed)):
         return tree.meta
     if isinstance(tree, (list, tuple)):
         return type(tree)(_metas(t) for t in tree)
@@ -187,6 +199,8 @@ def _worker(rank: int, port: int, jobs: Any, results: Any) -> None:
 def _global_tensor(arg: Any, gen: torch.Generator) -> Any:
     if isinstance(arg, Ints):
         return torch.randint(arg.low, arg.high, arg.shape, generator=gen, dtype=arg.dtype)
+    if isinstance(arg, Fixed):
+        return torch.tensor(arg.values, dtype=arg.dtype)
     if isinstance(arg, TensorMeta):
         if arg.dtype.is_floating_point:
             return torch.randn(arg.shape, generator=gen, dtype=torch.float32).to(arg.dtype)
@@ -236,11 +250,10 @@ def _to_dtensor(value: torch.Tensor, spec: list[int], mesh: Any, gen: torch.Gene
 
 
 def _check_case(case: Case, mesh: Any, strategies: list[tuple[list, list]]) -> list[str]:
-    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    from strategies.placement import from_dtensor, spec_text
+    from strategies.placement import spec_text
 
     op = resolve_op(case.op)
     gen = torch.Generator().manual_seed(1234)
@@ -258,32 +271,68 @@ def _check_case(case: Case, mesh: Any, strategies: list[tuple[list, list]]) -> l
         for slot, spec in zip(tensor_slots, input_specs, strict=False):
             new_leaves[slot] = _to_dtensor(leaves[slot], spec, mesh, split_gen)
         dt_args, dt_kwargs = tree_unflatten(new_leaves, tree)
+        error = ""
         try:
             with CommDebugMode() as comm:
                 out = op(*dt_args, **dt_kwargs)
         except Exception as e:
-            failures.append(f"{label}: DTensor raised {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        if not _every_rank_ok(not error):  # one rank failing alone must not hang the others' gathers
+            failures.append(f"{label}: DTensor raised {error or 'on another rank'}")
             continue
         if comm.get_total_counts():
             failures.append(f"{label}: inputs were redistributed ({dict(comm.get_comm_counts())})")
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        for k, (got, want_spec) in enumerate(zip(outs, output_specs, strict=False)):
-            if not isinstance(got, DTensor):
-                continue
-            have = list(from_dtensor(got.placements))
-            if have != want_spec:
-                failures.append(
-                    f"{label}: output {k} placement {spec_text(have)}, predicted {spec_text(want_spec)}"
-                )
-                continue
-            full = got.full_tensor()
-            if tuple(full.shape) != tuple(expected_flat[k].shape):
-                failures.append(
-                    f"{label}: output {k} shape {tuple(full.shape)} != {tuple(expected_flat[k].shape)}"
-                )
-            elif case.check_values and not torch.allclose(
-                full.float(), expected_flat[k].float(), atol=case.atol, rtol=case.rtol, equal_nan=True
-            ):
-                err = (full.float() - expected_flat[k].float()).abs().max().item()
-                failures.append(f"{label}: output {k} differs from one process (max abs error {err:.3g})")
+        dtypes_match = all(
+            not hasattr(got, "to_local") or got.to_local().dtype == want.dtype
+            for got, want in zip(outs, expected_flat, strict=False)
+        )
+        if not _every_rank_ok(dtypes_match):
+            failures.append(f"{label}: a local output has another dtype than the single-process result")
+            continue
+        try:
+            failures.extend(_check_outputs(case, label, outs, output_specs, expected_flat))
+        except Exception as e:
+            failures.append(
+                f"{label}: checking outputs raised {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            )
+    return failures
+
+
+def _every_rank_ok(ok: bool) -> bool:
+    """True when ``ok`` holds on every rank (one all-reduce)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if ok else 1])
+    dist.all_reduce(flag)
+    return int(flag.item()) == 0
+
+
+def _check_outputs(
+    case: Case, label: str, outs: list[Any], output_specs: list, expected_flat: list[Any]
+) -> list[str]:
+    """Placement, shape and values of each DTensor output against the prediction and one process."""
+    from torch.distributed.tensor import DTensor
+
+    from strategies.placement import from_dtensor, spec_text
+
+    failures: list[str] = []
+    for k, (got, want_spec) in enumerate(zip(outs, output_specs, strict=False)):
+        if not isinstance(got, DTensor):
+            continue
+        have = list(from_dtensor(got.placements))
+        if have != want_spec:
+            failures.append(
+                f"{label}: output {k} placement {spec_text(have)}, predicted {spec_text(want_spec)}"
+            )
+            continue
+        full = got.full_tensor()
+        want = expected_flat[k]
+        if tuple(full.shape) != tuple(want.shape):
+            failures.append(f"{label}: output {k} shape {tuple(full.shape)} != {tuple(want.shape)}")
+        elif case.check_values and not torch.allclose(
+            full.float(), want.float(), atol=case.atol, rtol=case.rtol, equal_nan=True
+        ):
+            err = (full.float() - want.float()).abs().max().item()
+            failures.append(f"{label}: output {k} differs from one process (max abs error {err:.3g})")
     return failures

@@ -1,0 +1,1 @@
+"""Built-in models for planning (configurable, buildable on the meta device)."""
