@@ -40,23 +40,15 @@ INF = float("inf")
 
 
 def all_gather_s(mesh: Mesh, axis: int, out_bytes: float) -> float:
-    n = mesh.shape[axis]
-    if n == 1:
-        return 0.0
-    link = mesh.links[axis]
-    return (
-        mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * out_bytes / link.bandwidth
-    )
+    return _ring_s(mesh, axis, out_bytes)
 
 
 def reduce_scatter_s(mesh: Mesh, axis: int, in_bytes: float) -> float:
-    n = mesh.shape[axis]
-    if n == 1:
-        return 0.0
-    link = mesh.links[axis]
-    return (
-        mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * in_bytes / link.bandwidth
-    )
+    return _ring_s(mesh, axis, in_bytes)
+
+
+def all_to_all_s(mesh: Mesh, axis: int, nbytes: float) -> float:
+    return _ring_s(mesh, axis, nbytes)
 
 
 def all_reduce_s(mesh: Mesh, axis: int, nbytes: float) -> float:
@@ -69,7 +61,8 @@ def all_reduce_s(mesh: Mesh, axis: int, nbytes: float) -> float:
     return mesh.hardware.collective_launch_s + np.minimum(ring, tree)
 
 
-def all_to_all_s(mesh: Mesh, axis: int, nbytes: float) -> float:
+def _ring_s(mesh: Mesh, axis: int, nbytes: float) -> float:
+    """``c + (n-1) a + (n-1)/n * S / B``: one pass around the ring of the axis."""
     n = mesh.shape[axis]
     if n == 1:
         return 0.0

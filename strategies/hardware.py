@@ -9,11 +9,12 @@ can be overridden from a JSON or YAML file with the same field names (see :func:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from strategies.hashing import HashOnce
 
 GB = 1e9
 TFLOPS = 1e12
@@ -28,7 +29,7 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Hardware:
+class Hardware(HashOnce):
     """One device type and the cluster it sits in."""
 
     name: str
@@ -48,29 +49,20 @@ class Hardware:
     """Fixed cost of starting one collective, seconds (one all-reduce beats all-gather + reduce-scatter)."""
     default_flops_dtype: str = field(default="float32")
 
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __getstate__(self) -> dict:
-        """Pickle without the cached hash: string hashes differ between processes."""
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        """Computed once: meshes (and so hardware) are hashed on every cached cost lookup."""
-        return hash(
-            (
-                self.name,
-                tuple(sorted(self.peak_flops.items())),
-                self.memory_bandwidth,
-                self.memory_bytes,
-                self.node_size,
-                self.intra_node,
-                self.inter_node,
-                self.launch_s,
-                self.collective_launch_s,
-            )
+    def hash_key(self) -> tuple:
+        return (
+            self.name,
+            tuple(sorted(self.peak_flops.items())),
+            self.memory_bandwidth,
+            self.memory_bytes,
+            self.node_size,
+            self.intra_node,
+            self.inter_node,
+            self.launch_s,
+            self.collective_launch_s,
         )
+
+    __hash__ = HashOnce.__hash__  # dataclass(frozen=True) would otherwise generate one
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for a dtype name; unknown dtypes use ``default_flops_dtype``."""

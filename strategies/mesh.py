@@ -7,13 +7,13 @@ node_size``); otherwise its collectives cross nodes and use the inter-node link.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from strategies.hardware import Hardware, Link, get_hardware
+from strategies.hashing import HashOnce
 
 
 class MeshError(ValueError):
@@ -21,23 +21,16 @@ class MeshError(ValueError):
 
 
 @dataclass(frozen=True)
-class Mesh:
+class Mesh(HashOnce):
     shape: tuple[int, ...]
     axis_names: tuple[str, ...]
     links: tuple[Link, ...]
     hardware: Hardware
 
-    def __hash__(self) -> int:
-        return self._hash
+    def hash_key(self) -> tuple:
+        return (self.shape, self.axis_names, self.links, self.hardware)
 
-    def __getstate__(self) -> dict:
-        """Pickle without the cached hash: string hashes differ between processes."""
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        """Computed once: a mesh is part of the key of every cached cost lookup."""
-        return hash((self.shape, self.axis_names, self.links, self.hardware))
+    __hash__ = HashOnce.__hash__  # dataclass(frozen=True) would otherwise generate one
 
     @property
     def ndim(self) -> int:
