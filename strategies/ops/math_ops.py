@@ -282,3 +282,33 @@ def nll_loss_backward_rules(info: OpInfo) -> list[Row]:
     grad_output = 0 if reduction == NLL_REDUCTION_NONE else R
     total_weight = R if reduction == NLL_REDUCTION_MEAN else NONE
     return [[0, grad_output, 0, 0, *([R] if weighted else []), total_weight]]
+
+
+def _even_mean_loss_dims(info: OpInfo, out_specs: np.ndarray, in_specs: np.ndarray) -> np.ndarray:
+    """Filter: a ``mean`` loss splits every sharded dim evenly (``P(avg)`` of uneven shards is biased)."""
+    keep = np.ones(len(in_specs), dtype=bool)
+    if info.arg(2, "reduction", 1) != NLL_REDUCTION_MEAN:
+        return keep
+    for dim, size in enumerate(info.inputs[0].shape):
+        keep &= splits_evenly(size, in_specs[:, 0], dim, info.mesh.shape)
+    return keep
+
+
+@register(aten.mse_loss.default, filter=_even_mean_loss_dims)
+def mse_loss_rules(info: OpInfo) -> list[Row]:
+    """``mse_loss(self, target)``: both sharded alike on any dim; ``none`` keeps the shard, ``sum`` gives
+    ``P``, ``mean`` ``P(avg)`` (DTensor runs it through its decomposition)."""
+    reduction = info.arg(2, "reduction", 1)
+    loss = {NLL_REDUCTION_NONE: None, NLL_REDUCTION_MEAN: P_AVG}.get(reduction, P)
+    return [[d if loss is None else loss, d, d] for d in range(info.inputs[0].ndim)]
+
+
+@register(aten.mse_loss_backward.default)
+def mse_loss_backward_rules(info: OpInfo) -> list[Row]:
+    """``(grad_output, self, target) -> grad_input``: pointwise; a summed loss's gradient is a whole scalar.
+    Not for ``mean``: DTensor's decomposition divides by the local element count (measured: wrong values)."""
+    reduction = info.arg(3, "reduction", 1)
+    if reduction == NLL_REDUCTION_MEAN:
+        return []
+    keeps_shape = reduction == NLL_REDUCTION_NONE
+    return [[d, d if keeps_shape else R, d, d] for d in range(info.inputs[1].ndim)]

@@ -91,6 +91,12 @@ CASES = [
     Case("aten.nll_loss_backward.default", (T(()), LOGITS, TARGET, None, 1, -100, T(())), atol=1e-3),
     Case("aten.nll_loss_backward.default", (T((8,)), LOGITS, TARGET, T((5,)), 0, -100, T(()))),
     Case("aten.nll_loss_backward.default", (T(()), T((6, 5)), Ints((6,), 5), None, 2, 1, T(()))),
+    # mse_loss: reduction 0 none, 1 mean, 2 sum
+    Case("aten.mse_loss.default", (T((8, 6)), T((8, 6)), 0)),
+    Case("aten.mse_loss.default", (T((8, 6)), T((8, 6)), 1)),
+    Case("aten.mse_loss.default", (T((6, 8)), T((6, 8)), 2)),
+    Case("aten.mse_loss_backward.default", (T(()), T((8, 6)), T((8, 6)), 2)),
+    Case("aten.mse_loss_backward.default", (T((8, 6)), T((8, 6)), T((8, 6)), 0)),
 ]
 
 
