@@ -124,6 +124,91 @@ def strategies_command(
         typer.echo(view.as_table(request, result))
 
 
+@app.command("plan")
+def plan_command(
+    model: Annotated[
+        str, typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory")
+    ],
+    mesh: Annotated[str, typer.Option(help="mesh shape, e.g. 2x4")],
+    out: Annotated[Path, typer.Option(help="write the plan JSON here")],
+    axis_names: Annotated[str | None, typer.Option("--axis-names", help="e.g. dp,tp")] = None,
+    memory_gib: Annotated[float | None, typer.Option("--memory-gib", help="per-device budget, GiB")] = None,
+    hardware: Annotated[str, typer.Option(help="h100, a100, b200, cpu, or a .json/.yaml file")] = "h100",
+    batch: Annotated[int | None, typer.Option(help="global batch", min=1)] = None,
+    seq: Annotated[int | None, typer.Option(help="sequence length", min=1)] = None,
+    layers: Annotated[int | None, typer.Option(help="override the model's depth", min=1)] = None,
+    dtype: Annotated[str, typer.Option(help="parameter dtype")] = "bfloat16",
+    backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="solver seconds", min=0.1)] = 60.0,
+    overlap: Annotated[
+        float, typer.Option(help="fraction of parameter gathers / gradient reductions hidden", min=0, max=1)
+    ] = 0.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
+) -> None:
+    """Plan a model on a mesh: capture one training step, solve the whole-graph program, write the plan.
+
+    Prints a summary (placements by layer, step time, memory against the budget, certificate); exit 0 with
+    a plan, 3 when no plan fits the memory budget, 2 for bad input.
+    """
+    from service.plan_view import summary
+    from solver.errors import InfeasibleError
+    from strategies.planner import PlanRequest, plan_model
+
+    request = PlanRequest(
+        model=model,
+        mesh=mesh,
+        axis_names=axis_names,
+        hardware=hardware,
+        memory_gib=memory_gib,
+        batch=batch,
+        seq=seq,
+        layers=layers,
+        dtype=dtype,
+        backend=backend,
+        time_limit=time_limit,
+        overlap=overlap,
+    )
+    say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
+    try:
+        outcome = plan_model(request, progress=say)
+    except InfeasibleError as error:
+        _fail(str(error), EXIT_INFEASIBLE)
+    except (ValueError, FileNotFoundError) as error:
+        _fail(str(error), EXIT_BAD_INPUT)
+    out.write_text(json.dumps(outcome.plan, indent=1) + "\n", encoding="utf-8")
+    typer.echo(summary(outcome.plan))
+    typer.echo(f"plan written to {out}")
+
+
+@app.command("explain")
+def explain_command(
+    plan: Annotated[Path, typer.Argument(help="plan JSON written by `autoshard plan`")],
+    target: Annotated[str, typer.Argument(help="a parameter name (e.g. w1.weight), NAME.grad or an op node")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
+) -> None:
+    """Why a placement: its cost (compute, communication in and out) and the next-best alternatives.
+
+    The plan's problem is rebuilt from its request; exit 0 with the report, 2 for an unknown target or a bad
+    plan file.
+    """
+    from strategies.explain import UnknownTarget, explain_plan_file, explain_text
+
+    if not plan.is_file():
+        _fail(f"no plan file {plan}", EXIT_BAD_INPUT)
+    say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
+    try:
+        report = explain_plan_file(plan, target, progress=say)
+    except UnknownTarget as error:
+        _fail(str(error), EXIT_BAD_INPUT)
+    except (ValueError, KeyError, TypeError) as error:  # not JSON, no request, an old request
+        _fail(f"cannot explain {plan}: {type(error).__name__}: {error}", EXIT_BAD_INPUT)
+    if as_json:
+        _emit(report, None)
+    else:
+        typer.echo(explain_text(report))
+
+
 def _print_progress(phase: str, seconds: float, incumbent: float, bound: float) -> None:
     gap = (
         (incumbent - bound) / incumbent

@@ -19,6 +19,7 @@ import torch
 
 from strategies.generate import OpStrategies, op_strategies
 from strategies.mesh import make_mesh
+from strategies.ops.einsum_ops import EINSUM
 from strategies.placement import NONE, to_dtensor
 from strategies.tensor_meta import TensorMeta
 
@@ -27,8 +28,13 @@ aten = torch.ops.aten
 BRIDGED_OPS = (
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    EINSUM,
 )
 """Ops DTensor runs with autoshard's strategies."""
+
+STATIC_ARGNUM = {EINSUM: 0}
+"""Per op, the first positional argument DTensor must hash into its sharding cache key (by default none
+are): ``autoshard::einsum``'s strategies depend on its equation."""
 
 
 def register_with_dtensor() -> None:
@@ -40,9 +46,10 @@ def register_with_dtensor() -> None:
     missing = [op for op in BRIDGED_OPS if propagator.op_strategy_funcs.get(op) is not dtensor_strategy]
     for op in missing:
         keyword_tensors = [a.name for a in op._schema.arguments if a.kwarg_only and _is_tensor(a)]
-        propagator.register_op_strategy(
-            op, dtensor_strategy, schema_info=RuntimeSchemaInfo(static_kwargkey=keyword_tensors)
+        schema_info = RuntimeSchemaInfo(
+            static_argnum=STATIC_ARGNUM.get(op, 100), static_kwargkey=keyword_tensors
         )
+        propagator.register_op_strategy(op, dtensor_strategy, schema_info=schema_info)
     if missing:  # decisions cached before registration (decomposition attempts) no longer hold
         propagator.propagate_op_sharding.cache_clear()
 

@@ -18,6 +18,7 @@ Build on the meta device (``with torch.device("meta"): Llama(config)``) to plan 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -171,15 +172,19 @@ class TransformerBlock(nn.Module):
 class Llama(nn.Module):
     """Token embedding, ``n_layers`` blocks, final RMSNorm and the (untied) output projection.
 
+    ``block`` makes each decoder layer (``TransformerBlock``; the mixture-of-experts model passes its own).
+
     ``forward(tokens)`` returns logits ``[batch, seq, vocab]``; with ``targets`` it returns the mean
     cross-entropy loss instead.
     """
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(
+        self, config: LlamaConfig, block: Callable[[LlamaConfig], nn.Module] = TransformerBlock
+    ) -> None:
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(block(config) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.register_buffer("rope", rope_tables(config, config.max_seq_len), persistent=False)

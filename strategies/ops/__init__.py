@@ -2,6 +2,7 @@
 
 from strategies.ops import (  # noqa: F401
     attention_ops,
+    einsum_ops,
     embedding_ops,
     math_ops,
     matrix_ops,

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from strategies.capture import capture_joint, default_loss, op_calls
+from strategies.capture import CaptureError, JointGraph, capture_joint, capture_step, default_loss, op_calls
 from strategies.models.llama import (
     Attention,
     Llama,
@@ -168,3 +168,132 @@ def test_op_calls_describe_every_node_for_strategy_generation() -> None:
                 matrix = results[call.name].redistribute_from(index, specs)
                 assert matrix.shape == (len(results[source[0]]), len(results[call.name]))
                 assert torch.isfinite(torch.from_numpy(matrix)).any(dim=1).all(), (source, call.name)
+
+
+# ------------------------------------------------------------------------------------------------ roles
+
+
+def _tiny_llama_step() -> tuple[Llama, JointGraph]:
+    with torch.device("meta"):
+        model = Llama(TINY.replace(n_layers=3))
+    tokens = torch.zeros(2, 8, dtype=torch.int64, device="meta")
+    return model, capture_step(model, (tokens, tokens))
+
+
+@pytest.fixture(scope="module")
+def llama_step() -> tuple[Llama, JointGraph]:
+    """A captured three-layer tiny Llama, shared by the tests that only read it."""
+    return _tiny_llama_step()
+
+
+def test_capture_step_names_parameters_buffers_inputs_loss_and_gradients(llama_step: tuple) -> None:
+    model, graph = llama_step
+    params = dict(model.named_parameters())
+    assert list(graph.parameters) == list(params)
+    for name, node in graph.parameters.items():
+        assert node.op == "placeholder" and node.meta["val"].shape == params[name].shape
+    assert list(graph.buffers) == ["rope"] and graph.buffers["rope"].op == "placeholder"
+    assert [(n.op, n.meta["val"].dtype) for n in graph.inputs] == [("placeholder", torch.int64)] * 2
+    assert graph.tied == {} and graph.input_gradients == {}
+    assert graph.loss.meta["val"].shape == ()
+    assert graph.gm.graph.output_node().args[0] == [graph.loss, *graph.gradients.values()]
+    for name, grad in graph.gradients.items():
+        assert grad.meta["val"].shape == params[name].shape, name
+    # forward ops ran inside the model (which computes the loss), backward ops inside autograd's engine
+    assert graph.loss in graph.forward_nodes
+    assert all(n.meta["nn_module_stack"] for n in graph.forward_nodes)
+    assert not any(n.meta["nn_module_stack"] for n in graph.backward_nodes)
+    assert not any(n.meta.get("autograd_backward") for n in graph.forward_nodes)
+    assert sum(bool(n.meta.get("autograd_backward")) for n in graph.backward_nodes) > 0.9 * len(
+        graph.backward_nodes
+    )
+
+
+def test_backward_ops_carry_the_module_of_their_forward_op(llama_step: tuple) -> None:
+    _, graph = llama_step
+    assert {n.name for n in graph.order} == set(graph.module_path)
+    for name, grad in graph.gradients.items():  # a weight's gradient is computed in its own module
+        assert graph.module_path[grad.name] == name.rpartition(".")[0], name
+    wq = [n for n in graph.order if graph.module_path[n.name] == "layers.1.attention.wq"]
+    assert [str(n.target) for n in wq if n.target is aten.mm.default] == ["aten.mm.default"] * 3
+    assert [n in graph.backward_nodes for n in wq if n.target is aten.mm.default] == [False, True, True]
+
+
+def test_repeated_layers_have_the_same_ops_in_the_same_order_forward_and_backward(llama_step: tuple) -> None:
+    _, graph = llama_step
+
+    def layer_ops(index: int, nodes: list) -> list:
+        prefix = f"layers.{index}"
+        return [
+            n.target
+            for n in nodes
+            if graph.module_path[n.name] == prefix or graph.module_path[n.name].startswith(prefix + ".")
+        ]
+
+    for nodes in (graph.forward_nodes, graph.backward_nodes):
+        assert len(layer_ops(0, nodes)) > 50
+        assert layer_ops(0, nodes) == layer_ops(1, nodes) == layer_ops(2, nodes)
+
+
+def test_refresh_rereads_a_graph_rewritten_by_a_pass() -> None:
+    _, graph = _tiny_llama_step()
+    name = "layers.0.attention.wq.weight"
+    old = graph.gradients[name]
+    with graph.gm.graph.inserting_after(old):
+        new = graph.gm.graph.call_function(aten.clone.default, (old,))  # no meta: a pass's own node
+    graph.gm.graph.output_node().replace_input_with(old, new)
+    graph.refresh()
+    assert graph.gradients[name] is new and new in graph.backward_nodes
+    assert graph.module_path[new.name] == "layers.0.attention.wq"  # from its input
+
+
+class _Partly(torch.nn.Module):
+    """A frozen weight, an unused weight, keyword inputs, a constant and a value nothing uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = torch.nn.Parameter(torch.randn(4, 4), requires_grad=False)
+        self.used = torch.nn.Parameter(torch.randn(4, 4))
+        self.unused = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor, scale: float, y: torch.Tensor) -> torch.Tensor:
+        _ = x.exp()  # dead code
+        return (x @ self.frozen @ self.used * scale + y).pow(2).sum()
+
+
+def test_frozen_unused_and_keyword_inputs_have_the_roles_they_should() -> None:
+    torch.manual_seed(0)
+    module = _Partly()
+    x, y = torch.randn(2, 4, requires_grad=True), torch.randn(2, 4)
+    graph = capture_step(module, {"x": x, "scale": 3.0, "y": y})
+    assert list(graph.parameters) == ["frozen", "used", "unused"]
+    assert list(graph.gradients) == ["used", "unused"]  # a frozen weight has none
+    assert graph.gradients["unused"].target is aten.zeros_like.default  # unused: materialised zeros
+    assert len(graph.inputs) == 2 and list(graph.input_gradients) == [0]  # the float is a constant
+    assert aten.exp.default not in {n.target for n in graph.order}  # dead code is removed
+    params = dict(module.named_parameters())
+    loss, grads = graph.gm(params, {}, x, y)
+    module(x, 3.0, y).backward()
+    torch.testing.assert_close(loss, module(x, 3.0, y))
+    torch.testing.assert_close(grads[0], module.used.grad)
+    torch.testing.assert_close(grads[2], x.grad)
+
+
+def test_a_loss_that_is_not_a_scalar_is_refused() -> None:
+    with pytest.raises(
+        ValueError, match=r"loss: loss_fn must return a floating scalar tensor, got a \(2, 4\)"
+    ):
+        capture_step(torch.nn.Linear(3, 4), (torch.randn(2, 3),), lambda out: out)
+
+
+class _DataDependent(torch.nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if out.sum() > 0 else -out  # the branch depends on values fake tensors do not have
+
+
+def test_a_module_that_cannot_be_traced_on_fake_tensors_raises_a_capture_error() -> None:
+    with pytest.raises(
+        CaptureError, match="capturing one training step of _DataDependent on fake tensors failed"
+    ):
+        capture_step(_DataDependent(3, 4), (torch.randn(2, 3),))

@@ -1,0 +1,109 @@
+"""The human-readable summary of a plan: placements grouped by repeated layer, time, memory, certificate."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def summary(plan: dict[str, Any]) -> str:
+    """A few screens at most, whatever the depth: layers with the same placements are folded."""
+    lines = [_header(plan), "", "parameters (layers with identical placements folded):"]
+    lines += _parameter_lines(plan["parameters"])
+    lines += ["", f"inputs: {', '.join(_spec(s) for s in plan['inputs'])}", ""]
+    lines += _time_lines(plan["predicted"])
+    lines += ["", _memory_line(plan), _certificate_line(plan["solver"])]
+    timings = plan.get("timings")
+    if timings:
+        lines.append("phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
+    return "\n".join(lines)
+
+
+def _header(plan: dict[str, Any]) -> str:
+    mesh = plan["mesh"]
+    axes = " x ".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["shape"], strict=True))
+    model = plan.get("request", {}).get("model", "?")
+    return f"plan for {model} on {axes} ({mesh.get('hardware', '?')})"
+
+
+def _parameter_lines(parameters: dict[str, list[str]]) -> list[str]:
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    singles: list[tuple[str, str]] = []
+    for name, spec in parameters.items():
+        text = _spec(spec)
+        match = _LAYER_INDEX.search(name)
+        if match:
+            pattern = name[: match.start()] + ".{i}." + name[match.end() :]
+            groups[(pattern, text)].append(int(match.group(1)))
+        else:
+            singles.append((name, text))
+    rows = [(name, text) for name, text in singles]
+    for (pattern, text), layers in groups.items():
+        rows.append((pattern.replace("{i}", _ranges(sorted(layers))), text))
+    width = max((len(n) for n, _ in rows), default=0)
+    return [f"  {name:<{width}}  {text}" for name, text in rows]
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    parts: list[str] = []
+    start = prev = values[0]
+    for v in [*values[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return "[" + ",".join(parts) + "]"
+
+
+def _time_lines(predicted: dict[str, Any]) -> list[str]:
+    step = predicted["step_time_s"]
+    lines = [
+        f"predicted step time {_ms(step)}: compute {_ms(predicted['compute_s'])}, "
+        f"communication {_ms(predicted['comm_s'])} ({_bytes(predicted['comm_bytes'])} per device)"
+    ]
+    collectives = predicted.get("collectives") or {}
+    if collectives:
+        lines.append("collectives: " + ", ".join(f"{n} x{c}" for n, c in sorted(collectives.items())))
+    return lines
+
+
+def _memory_line(plan: dict[str, Any]) -> str:
+    peak = plan["predicted"]["peak_memory_bytes"]
+    budget = plan.get("request", {}).get("memory_gib")
+    text = f"peak memory per device {_bytes(peak)}"
+    if budget:
+        text += f" of {budget:g} GiB budget ({100 * peak / (budget * 2**30):.0f}%)"
+    return text
+
+
+def _certificate_line(solver: dict[str, Any]) -> str:
+    gap = solver.get("gap")
+    gap_text = "-" if gap is None else f"{100 * gap:.3f}%"
+    bound = solver.get("bound")
+    bound_text = "-" if bound is None else _ms(bound)
+    return (
+        f"certificate: {solver['status']} by {solver['backend']}, bound {bound_text}, gap {gap_text}, "
+        f"{solver['variables']:,} variables, {solver['seconds']:.2f} s"
+    )
+
+
+def _spec(spec: list[str] | None) -> str:
+    return "-" if spec is None else "[" + ", ".join(spec) + "]"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"
