@@ -52,6 +52,8 @@ class PlanRequest:
     input_placements: dict[int, list[str]] = field(default_factory=dict)
     """Pinned input placements, e.g. ``{0: ["S(0)", "R"]}``: batch over the first axis."""
     parameter_placements: dict[str, list[str]] = field(default_factory=dict)
+    share_layers: bool = True
+    """Identical transformer layers (all but the first and last) take the same placements."""
 
 
 @dataclass
@@ -101,6 +103,8 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
         input_placements={int(i): parse_spec(p) for i, p in request.input_placements.items()},
         parameter_placements={n: parse_spec(p) for n, p in request.parameter_placements.items()},
         overlap=request.overlap,
+        module_path=graph.module_path,
+        share_layers=request.share_layers,
     )
     timings["build"] = time.perf_counter() - phase
     say(f"solving: {built.problem.summary()}")

@@ -12,6 +12,9 @@ Problem nodes (each with its strategy list, cost and memory per strategy):
 - one per input and buffer placeholder: every placement; inputs are alive until their last use;
 - a loss sink with the single placement all-``R``: every rank needs the loss value.
 
+Repeated transformer layers share decisions (:mod:`strategies.layer_sharing`) when ``module_path`` is
+given and ``share_layers`` is on.
+
 ``operator.getitem`` nodes are folded into their producer (consumers read the producer's output ``k``).
 Edges: per consumer tensor argument, the producer-output -> consumer-input redistribution matrix
 (:meth:`OpStrategies.redistribute_from`). Costs are stored in microseconds (``COST_UNIT_S``) so solver
@@ -33,6 +36,7 @@ import torch
 
 from solver.problem import Problem
 from strategies.generate import OpStrategies, op_strategies
+from strategies.layer_sharing import merge_groups, tied_layer_groups
 from strategies.mesh import Mesh
 from strategies.placement import NONE, R, Spec
 from strategies.tensor_meta import TensorMeta, flatten_outputs
@@ -161,6 +165,8 @@ def build_problem(
     parameter_placements: Mapping[str, Spec] | None = None,
     overlap: float = 0.0,
     optimizer_state_bytes: int = ADAM_STATE_BYTES,
+    module_path: Mapping[str, str] | None = None,
+    share_layers: bool = True,
 ) -> BuiltProblem:
     """The whole-graph problem of one captured step (see the module docstring)."""
     import time
@@ -258,6 +264,9 @@ def build_problem(
             b.nodes[parameter_nodes[name]], spec, f"parameters.{name}"
         )
 
+    if share_layers and module_path:
+        ops = [(n.name, _signature(n), index_of[n]) for n in order if n.target is not operator.getitem]
+        b.groups.extend(tied_layer_groups(ops, module_path, parameter_nodes))
     problem = Problem.from_lists(
         costs=[n.compute_s / COST_UNIT_S for n in b.nodes],
         usages=[n.memory_bytes for n in b.nodes],
@@ -265,13 +274,19 @@ def build_problem(
         edges=[(e.producer, e.consumer) for e in b.edges],
         edge_costs=b.edge_costs,
         usage_limit=memory_limit,
-        groups=b.groups,
+        groups=merge_groups(b.groups),
         pins=b.pins,
         name="autoshard",
     )
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
     return built
+
+
+def _signature(node: torch.fx.Node) -> tuple:
+    """What makes two op nodes interchangeable: the op, its arguments' shapes and values, its outputs."""
+    args, kwargs = _op_call(node)
+    return (node.target, repr(args), repr(sorted(kwargs.items())), repr(flatten_outputs(node.meta["val"])))
 
 
 def _spec_index(node: ProblemNode, spec: Spec, field_name: str) -> int:
