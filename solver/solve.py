@@ -273,7 +273,10 @@ def _peak_error(core: CompactProblem, time_limit: float) -> InfeasibleError:
     try:
         peak, exact = smallest_peak(core, time_limit=time_limit)
     except InfeasibleError as error:
-        return error
+        if core.usage_limit is None or min_peak_lower_bound(core) <= core.usage_limit:
+            return error
+        # The peak program can fail on huge byte counts; the per-step bound alone proves the limit impossible.
+        peak, exact = min_peak_lower_bound(core), False
     qualifier = "" if exact else "at least "
     return InfeasibleError(
         f"usage_limit {core.usage_limit} cannot be met: the smallest peak any assignment can reach is "
