@@ -36,7 +36,7 @@ import torch
 
 from solver.problem import Problem
 from strategies.generate import OpStrategies, op_strategies
-from strategies.layer_sharing import merge_groups, tied_layer_groups
+from strategies.layer_sharing import layer_of, merge_groups, tied_layer_groups
 from strategies.mesh import Mesh
 from strategies.placement import NONE, R, Spec
 from strategies.tensor_meta import TensorMeta, flatten_outputs
@@ -266,7 +266,8 @@ def build_problem(
 
     if share_layers and module_path:
         ops = [(n.name, _signature(n), index_of[n]) for n in order if n.target is not operator.getitem]
-        b.groups.extend(tied_layer_groups(ops, module_path, parameter_nodes))
+        paths = _inherit_layer_paths(order, module_path)
+        b.groups.extend(tied_layer_groups(ops, paths, parameter_nodes))
     problem = Problem.from_lists(
         costs=[n.compute_s / COST_UNIT_S for n in b.nodes],
         usages=[n.memory_bytes for n in b.nodes],
@@ -281,6 +282,21 @@ def build_problem(
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
     return built
+
+
+def _inherit_layer_paths(order: list[torch.fx.Node], module_path: Mapping[str, str]) -> dict[str, str]:
+    """Module paths where nodes without a layer (gradient accumulation adds, casts autograd inserts)
+    take the path of their first argument that has one, so they are tied with their layer too."""
+    paths = dict(module_path)
+    for node in order:
+        if layer_of(paths.get(node.name, "")) is not None:
+            continue
+        for source in node.all_input_nodes:
+            inherited = paths.get(source.name, "")
+            if layer_of(inherited) is not None:
+                paths[node.name] = inherited
+                break
+    return paths
 
 
 def _signature(node: torch.fx.Node) -> tuple:
