@@ -35,7 +35,8 @@ import numpy as np
 import torch
 
 from solver.problem import Problem
-from strategies.generate import OpStrategies, op_strategies
+from strategies.comm import redistribute_matrix
+from strategies.generate import op_strategies
 from strategies.layer_sharing import layer_of, merge_groups, tied_layer_groups
 from strategies.mesh import Mesh
 from strategies.placement import NONE, R, Spec
@@ -53,7 +54,7 @@ class ProblemNode:
     """What a problem node stands for, to map the solution back."""
 
     name: str
-    kind: str  # op | parameter | gradient | input | buffer
+    kind: str  # op | parameter | gradient | input | buffer | loss
     op: Any
     output_specs: np.ndarray  # [strategy, output, axis]
     input_specs: np.ndarray  # [strategy, tensor argument, axis]
@@ -119,8 +120,6 @@ class _Builder:
         dst = c.input_specs[:, argument, :]
         if (dst == NONE).all():
             return
-        from strategies.comm import redistribute_matrix
-
         seconds = redistribute_matrix(self.mesh, meta.shape, meta.itemsize, src, dst)
         if kind in ("parameter", "gradient"):
             seconds = seconds * (1.0 - self.overlap)
@@ -375,4 +374,4 @@ def _op_call(node: torch.fx.Node) -> tuple[tuple, dict]:
     return meta(node.args), meta(node.kwargs)
 
 
-__all__ = ["COST_UNIT_S", "BuiltProblem", "OpStrategies", "build_problem", "tensor_placements"]
+__all__ = ["COST_UNIT_S", "BuiltProblem", "build_problem", "tensor_placements"]

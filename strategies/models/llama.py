@@ -157,12 +157,13 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     """One decoder layer: pre-norm attention and feed-forward, each added to the residual stream."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, feed_forward: nn.Module | None = None) -> None:
+        """``feed_forward`` replaces the SwiGLU feed-forward (the mixture-of-experts model passes its own)."""
         super().__init__()
         self.attention_norm = RMSNorm(config.dim, config.norm_eps)
         self.attention = Attention(config)
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = feed_forward if feed_forward is not None else FeedForward(config)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), rope)

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strategies.models.llama import Attention, Llama, LlamaConfig, RMSNorm
+from strategies.models.llama import Llama, LlamaConfig, TransformerBlock
 
 
 @dataclass(frozen=True)
@@ -123,24 +123,9 @@ class MoE(nn.Module):
         return with_spare.scatter(0, target, token)[:n_slots]
 
 
-class MoEBlock(nn.Module):
-    """A Llama 3 decoder layer with the feed-forward replaced by :class:`MoE`."""
-
-    def __init__(self, config: MoEConfig) -> None:
-        super().__init__()
-        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
-        self.attention = Attention(config)
-        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
-        self.moe = MoE(config)
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
-        return h + self.moe(self.ffn_norm(h))
-
-
 class MoETransformer(Llama):
-    """Token embedding, ``n_layers`` :class:`MoEBlock`, final RMSNorm and output projection; with
-    ``targets`` it returns the mean cross-entropy loss."""
+    """Token embedding, ``n_layers`` Llama blocks whose feed-forward is :class:`MoE`, final RMSNorm and
+    output projection; with ``targets`` it returns the mean cross-entropy loss."""
 
     def __init__(self, config: MoEConfig) -> None:
-        super().__init__(config, block=MoEBlock)
+        super().__init__(config, block=lambda c: TransformerBlock(c, feed_forward=MoE(c)))
