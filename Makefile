@@ -26,6 +26,8 @@ demo: setup
 	@echo "== autoshard solve: IOPDDL instance G (816 nodes, contest limit 120 s) =="
 	$(BIN)/autoshard solve $(IOPDDL)/asplos-2025-iopddl-G.json.gz --backend auto --time-limit 120 --out results-G.json > /dev/null
 	@$(BIN)/python -c "import json; r = json.load(open('results-G.json')); print({k: r[k] for k in ('status', 'cost', 'bound', 'gap', 'seconds', 'backend')})"
+	@echo "== autoshard plan: a 2-layer MLP on a mesh of 4 with a big batch (data parallel is optimal) =="
+	$(BIN)/autoshard plan --model mlp --mesh 4 --batch 65536 --out results-plan-mlp.json --time-limit 30 --quiet
 
 test: setup
 	$(BIN)/python -m pytest
