@@ -82,13 +82,23 @@ class Step:
     seconds: float
 
 
+def dim_pieces(specs: np.ndarray, ndim: int, mesh_shape: tuple[int, ...]) -> np.ndarray:
+    """``[n, ndim]``: how many pieces each tensor dim is cut into under ``specs`` (``[n, axes]``)."""
+    sizes = np.asarray(mesh_shape, dtype=np.int64)
+    pieces = np.ones((len(specs), ndim), dtype=np.int64)
+    for d in range(ndim):
+        pieces[:, d] = np.where(specs == d, sizes, 1).prod(axis=1)
+    return pieces
+
+
+def local_sizes(specs: np.ndarray, shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> np.ndarray:
+    """``[n, ndim]`` sizes of the largest local piece: each dim ``ceil(size / pieces)`` (uneven shards)."""
+    return -(-np.asarray(shape, dtype=np.int64) // dim_pieces(specs, len(shape), mesh_shape))
+
+
 def local_numel(shape: tuple[int, ...], spec: Spec, mesh_shape: tuple[int, ...]) -> int:
-    """Elements of the largest local piece: each dim ``ceil(size / shards on that dim)``."""
-    shards = [1] * len(shape)
-    for axis, code in enumerate(spec):
-        if code >= 0:
-            shards[code] *= mesh_shape[axis]
-    return math.prod(-(-size // k) for size, k in zip(shape, shards, strict=False))
+    """Elements of the largest local piece of one spec."""
+    return int(local_sizes(np.array([spec]), shape, mesh_shape).prod())
 
 
 def redistribute_steps(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec, dst: Spec) -> list[Step]:
@@ -222,11 +232,7 @@ def _bytes_table(mesh: Mesh, shape: tuple[int, ...], itemsize: int) -> tuple[np.
     base = len(shape) - _LOWEST
     weights = base ** np.arange(mesh.ndim - 1, -1, -1, dtype=np.int64)
     digits = np.indices((base,) * mesh.ndim).reshape(mesh.ndim, -1).T + _LOWEST
-    sizes = np.asarray(mesh.shape, dtype=np.int64)
-    numel = np.ones(len(digits), dtype=np.float64)
-    for d, size in enumerate(shape):
-        pieces = np.where(digits == d, sizes, 1).prod(axis=1)
-        numel *= -(-size // pieces)
+    numel = local_sizes(digits, shape, mesh.shape).prod(axis=1).astype(np.float64)
     return numel * itemsize, weights
 
 

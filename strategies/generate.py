@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from torch.utils._pytree import tree_map
 
-from strategies.comm import redistribute_matrix
+from strategies.comm import dim_pieces, local_sizes, redistribute_matrix
 from strategies.mesh import Mesh
 from strategies.placement import NONE, P_MASK, PARTIALS, R, spec_text
 from strategies.registry import OpInfo, OpRules, lookup
@@ -190,13 +190,7 @@ def _unique_rows(rows: np.ndarray) -> np.ndarray:
 
 def _shard_counts(specs: np.ndarray, slot: int, ndim: int, mesh: Mesh) -> np.ndarray:
     """``[strategy, dim]`` number of pieces each dim of tensor ``slot`` is cut into."""
-    sizes = np.asarray(mesh.shape, dtype=np.int64)
-    s = specs[:, slot, :]
-    return (
-        np.stack([np.where(s == d, sizes, 1).prod(axis=1) for d in range(ndim)], axis=1)
-        if ndim
-        else np.ones((len(specs), 0), dtype=np.int64)
-    )
+    return dim_pieces(specs[:, slot, :], ndim, mesh.shape)
 
 
 def _shardable(specs: np.ndarray, metas: list[TensorMeta | None], mesh: Mesh, even_only: bool) -> np.ndarray:
@@ -227,8 +221,7 @@ def _local_shapes(specs: np.ndarray, metas: list[TensorMeta | None], mesh: Mesh)
         if meta is None:
             out.append(np.zeros((len(specs), 0), dtype=np.int64))
             continue
-        counts = _shard_counts(specs, slot, meta.ndim, mesh)
-        out.append(-(-np.asarray(meta.shape, dtype=np.int64) // counts))
+        out.append(local_sizes(specs[:, slot, :], meta.shape, mesh.shape))
     return out
 
 

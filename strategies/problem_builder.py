@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from solver.problem import Problem
-from strategies.comm import redistribute_matrix
+from strategies.comm import dim_pieces, local_sizes, redistribute_matrix
 from strategies.generate import op_strategies
 from strategies.layer_sharing import layer_of, merge_groups, tied_layer_groups
 from strategies.mesh import Mesh
@@ -89,11 +89,8 @@ def tensor_placements(meta: TensorMeta, mesh: Mesh) -> np.ndarray:
     into at most as many pieces as it has elements."""
     codes = [R, *range(meta.ndim)]
     specs = np.array(list(itertools.product(codes, repeat=mesh.ndim)), dtype=np.int16).reshape(-1, mesh.ndim)
-    sizes = np.asarray(mesh.shape, dtype=np.int64)
-    keep = np.ones(len(specs), dtype=bool)
-    for d, size in enumerate(meta.shape):
-        keep &= np.where(specs == d, sizes, 1).prod(axis=1) <= max(size, 1)
-    return specs[keep]
+    fits = dim_pieces(specs, meta.ndim, mesh.shape) <= np.maximum(np.asarray(meta.shape, dtype=np.int64), 1)
+    return specs[fits.all(axis=1)]
 
 
 class _Builder:
@@ -132,10 +129,7 @@ def placeholder_node(
 ) -> ProblemNode:
     """A parameter, gradient sink, input or buffer: every placement, no compute."""
     specs = tensor_placements(meta, mesh)
-    sizes = np.asarray(mesh.shape, dtype=np.int64)
-    numel = np.ones(len(specs), dtype=np.int64)
-    for d, size in enumerate(meta.shape):
-        numel *= -(-size // np.where(specs == d, sizes, 1).prod(axis=1))
+    numel = local_sizes(specs, meta.shape, mesh.shape).prod(axis=1)
     memory = numel * (meta.itemsize + extra_bytes_per_element)
     is_sink = kind == "gradient"
     return ProblemNode(
