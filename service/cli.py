@@ -140,6 +140,17 @@ def plan_command(
     dtype: Annotated[str, typer.Option(help="parameter dtype")] = "bfloat16",
     backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver seconds", min=0.1)] = 60.0,
+    gap: Annotated[
+        float, typer.Option(help="stop once proven within this share of the optimum (0: prove)", min=0, max=1)
+    ] = 0.01,
+    captured_layers: Annotated[
+        int | None,
+        typer.Option(
+            "--captured-layers",
+            help="capture deep models with this many layers standing for all (0: every layer)",
+            min=0,
+        ),
+    ] = 4,
     overlap: Annotated[
         float, typer.Option(help="fraction of parameter gathers / gradient reductions hidden", min=0, max=1)
     ] = 0.0,
@@ -166,6 +177,8 @@ def plan_command(
         dtype=dtype,
         backend=backend,
         time_limit=time_limit,
+        gap=gap,
+        captured_layers=captured_layers or None,
         overlap=overlap,
     )
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))

@@ -19,7 +19,8 @@ Constraints, one family per function:
 - ``one_hot`` (`_one_hot_rows`): ``sum_s x[k, s] = 1`` for every free node;
 - ``edge_out`` / ``edge_in`` (`_edge_rows`): ``sum_j y[e, i, j] = x[a, i]`` for every ``i``, and
   ``sum_i y[e, i, j] = x[b, j]`` for every ``j``; a forbidden pair has no ``y``, so it cannot be chosen;
-- ``memory_def`` (`_memory_rows`): ``m[q] = sum_{t in q} sum_s (u_t[s] - min_s u_t) x[k(t), s]``, where each
+- ``memory_def`` (`_memory_rows`): ``m[q] = sum_{t in q} sum_s (u_t[s] - min_s u_t) x[k(t), s]`` (bytes over
+  `memory_unit`, a power of two that brings the limit near 2**16, so the LP stays well scaled), where each
   term's row range ``[first row in its interval, last row]`` is split into O(log R) segment-tree nodes
   ``q`` -- terms whose intervals cover the same rows share one ``m``;
 - ``memory_cap`` (`_memory_rows`): ``sum_{q an ancestor of leaf r} m[q] <= limit - base[r]`` for every
@@ -101,8 +102,12 @@ class IntegerProgram:
         return values
 
 
-def build_program(problem: CompactProblem) -> IntegerProgram:
-    """State the integer program of the module docstring for `problem`."""
+def build_program(problem: CompactProblem, memory_times: np.ndarray | None = None) -> IntegerProgram:
+    """State the integer program of the module docstring for `problem`.
+
+    ``memory_times``: the time steps that get a ``memory_cap`` row (default: every maximal one). A subset
+    states a relaxation (`solver.solve` adds the rows a solution violates, see `binding_memory_times`).
+    """
     timings: dict[str, float] = {}
     started = time.perf_counter()
     counts = problem.strategy_counts
@@ -148,7 +153,7 @@ def build_program(problem: CompactProblem) -> IntegerProgram:
 
     started = time.perf_counter()
     num_y = len(edges.y_cost)
-    memory = _memory_rows(problem, free, x_offset, num_x + num_y)
+    memory = _memory_rows(problem, free, x_offset, num_x + num_y, memory_times)
     if memory is not None:
         add_family(
             "memory_def", memory.def_rows, memory.def_cols, memory.def_vals, memory.def_lo, memory.def_up
@@ -303,10 +308,16 @@ def memory_row_times(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def _memory_rows(
-    problem: CompactProblem, free: np.ndarray, x_offset: np.ndarray, m_start: int
+    problem: CompactProblem,
+    free: np.ndarray,
+    x_offset: np.ndarray,
+    m_start: int,
+    memory_times: np.ndarray | None = None,
 ) -> _MemoryRows | None:
-    """Memory rows over the maximal time steps, with terms shared through a segment tree."""
+    """Memory rows over the maximal time steps (or ``memory_times``), terms shared through a segment tree."""
     if problem.usage_limit is None or len(problem.term_node) == 0:
+        return None
+    if memory_times is not None and len(memory_times) == 0:
         return None
     usage_max = np.array([u.max() for u in problem.term_usages], dtype=np.int64)
     keep = usage_max > 0
@@ -316,6 +327,8 @@ def _memory_rows(
     if not usages:
         return None
     times = memory_row_times(intervals[:, 0], intervals[:, 1])
+    if memory_times is not None:
+        times = np.unique(np.asarray(memory_times, dtype=np.int64))
     num_rows = len(times)
     first = np.searchsorted(times, intervals[:, 0], side="left")
     stop = np.searchsorted(times, intervals[:, 1], side="left")
@@ -343,7 +356,8 @@ def _memory_rows(
     entry = np.repeat(entry_start[term_of], piece_sizes) + concatenated_ranges(piece_sizes)
     part_rows = np.repeat(segment_index, piece_sizes)
     part_cols = flat_cols[entry]
-    part_vals = flat_extra[entry].astype(np.float64)
+    unit = memory_unit(problem.usage_limit)
+    part_vals = flat_extra[entry].astype(np.float64) / unit
     nonzero = part_vals != 0
     part_rows, part_cols, part_vals = part_rows[nonzero], part_cols[nonzero], part_vals[nonzero]
     parts = sp.csr_matrix((part_vals, (part_rows, part_cols)), shape=(num_aux, m_start + num_aux))
@@ -378,8 +392,60 @@ def _memory_rows(
         cap_cols=np.concatenate(cap_cols),
         cap_vals=np.ones(len(rows)),
         cap_lo=np.full(num_rows, -np.inf),
-        cap_up=(limit - base).astype(np.float64),
+        cap_up=(limit - base).astype(np.float64) / unit,
     )
+
+
+#: Memory rows count in units of a power of two bytes chosen so the limit is about this many units: byte
+#: counts near 1e11 next to one-hot rows of ones make the LP badly scaled (HiGHS's simplex fails on them).
+MEMORY_UNITS_PER_LIMIT = 2**16
+
+
+def memory_unit(limit: int | None) -> float:
+    """Bytes per unit in the memory rows: a power of two, so scaling is exact in floating point."""
+    if not limit or limit <= MEMORY_UNITS_PER_LIMIT:
+        return 1.0
+    return float(2 ** (int(limit).bit_length() - 1 - MEMORY_UNITS_PER_LIMIT.bit_length() + 1))
+
+
+def binding_memory_times(problem: CompactProblem) -> np.ndarray:
+    """The maximal time steps where some assignment could exceed the limit.
+
+    At every other step even the largest finite usage of every live term fits, so its ``memory_cap`` row can
+    never bind and leaving it out changes nothing.
+    """
+    if problem.usage_limit is None or len(problem.term_node) == 0:
+        return np.zeros(0, dtype=np.int64)
+    largest = np.array(
+        [
+            int(usage[np.isfinite(problem.costs[k])].max(initial=0))
+            for k, usage in zip(problem.term_node.tolist(), problem.term_usages, strict=True)
+        ],
+        dtype=np.int64,
+    )
+    return times_over(problem, largest, problem.usage_limit)
+
+
+def memory_times_over(problem: CompactProblem, assignment: np.ndarray, limit: int) -> np.ndarray:
+    """The maximal time steps where ``assignment`` (one strategy per super node) uses more than ``limit``."""
+    if len(problem.term_node) == 0:
+        return np.zeros(0, dtype=np.int64)
+    chosen = np.asarray(assignment, dtype=np.int64)[problem.term_node]
+    used = np.array([int(u[s]) for u, s in zip(problem.term_usages, chosen.tolist(), strict=True)], np.int64)
+    return times_over(problem, used, limit)
+
+
+def times_over(problem: CompactProblem, used: np.ndarray, limit: int) -> np.ndarray:
+    """Maximal time steps where the terms, each using ``used``, add up to more than ``limit``."""
+    starts, ends = problem.term_intervals[:, 0], problem.term_intervals[:, 1]
+    times = memory_row_times(starts, ends)
+    if len(times) == 0:
+        return times
+    delta = np.zeros(len(times) + 1, dtype=np.int64)
+    np.add.at(delta, np.searchsorted(times, starts, side="left"), used)
+    np.add.at(delta, np.searchsorted(times, ends, side="left"), -used)
+    usage = np.cumsum(delta)[: len(times)]
+    return times[usage > limit]
 
 
 def _segment_cover(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -28,10 +28,17 @@ def portfolio_solve(
     seed: int = 0,
     initial: np.ndarray | None = None,
     on_incumbent: IncumbentCallback | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> np.ndarray | None:
-    """Best feasible super-node assignment over ``threads`` heuristic searches (one in this process)."""
+    """Best feasible super-node assignment over ``threads`` heuristic searches (one in this process).
+
+    ``stop`` (asked between chunks of work) ends the search in this process early; forked searches run to
+    ``time_limit``.
+    """
     if threads <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return heuristic_solve(problem, time_limit, seed=seed, initial=initial, on_incumbent=on_incumbent)
+        return heuristic_solve(
+            problem, time_limit, seed=seed, initial=initial, on_incumbent=on_incumbent, stop=stop
+        )
     context = multiprocessing.get_context("fork")
     costs: multiprocessing.Queue = context.Queue()
     results: multiprocessing.Queue = context.Queue()
@@ -59,11 +66,13 @@ def portfolio_solve(
                 return
             forward(cost, np.zeros(0, np.int64))
 
-    def stop() -> bool:
+    def drain_then_ask() -> bool:
         drain()
-        return False
+        return stop is not None and stop()
 
-    own = heuristic_solve(problem, time_limit, seed=seed, initial=initial, on_incumbent=forward, stop=stop)
+    own = heuristic_solve(
+        problem, time_limit, seed=seed, initial=initial, on_incumbent=forward, stop=drain_then_ask
+    )
     candidates = [own] if own is not None else []
     deadline = time.monotonic() + 10.0
     for _ in workers:

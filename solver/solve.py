@@ -8,6 +8,7 @@ is the best proven lower bound (the backend's, else every node and edge at its c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -18,12 +19,19 @@ from typing import Any
 import numpy as np
 
 from solver.backends import BACKEND_NAMES, get_backend
-from solver.backends.base import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, BackendResult
+from solver.backends.base import (
+    FEASIBLE,
+    INFEASIBLE,
+    NO_SOLUTION,
+    OPTIMAL,
+    BackendResult,
+    integral_objective,
+)
 from solver.compact import CompactProblem, compact
 from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
 from solver.heuristic import warm_up
-from solver.ilp import build_program
+from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
 from solver.lns import lns_improve
 from solver.memory import min_peak_lower_bound, smallest_peak
 from solver.memory_bound import memory_dual_bound
@@ -36,6 +44,11 @@ log = logging.getLogger(__name__)
 #: Programs up to this many variables go whole to a backend; larger ones get the heuristic and then large
 #: neighbourhood search with the backend.
 FULL_PROGRAM_MAX_VARIABLES = 1_500_000
+#: How long (relative to the time its last improvement took) the heuristic may go without improving before a
+#: backend that takes the whole program starts.
+HEURISTIC_PATIENCE = 1.0
+#: Memory rows the first whole program gets: steps the incumbent fills to this share of the limit.
+LAZY_MEMORY_START = 0.9
 #: Solve modes: the whole program, the heuristic alone, the heuristic then region-by-region search.
 FULL, HEURISTIC, LNS = "full", "heuristic", "lns"
 #: Share of the time limit left for mapping back and re-costing the answer.
@@ -82,8 +95,11 @@ def solve(
     seed: int = 0,
     use_reductions: bool = True,
     heuristic_share: float | None = None,
+    relative_gap: float = 0.0,
 ) -> SolveResult:
     """Best assignment found within `time_limit` seconds, with a proven bound.
+
+    ``relative_gap``: an exact backend may stop once its answer is proven within this share of the optimum.
 
     Raises `InfeasibleError` when no assignment fits the memory limit (naming the smallest reachable peak)
     or every strategy of some node is forbidden.
@@ -110,7 +126,10 @@ def solve(
     share = heuristic_share if heuristic_share is not None else _heuristic_share(core, mode)
     budget = max(0.5, share * (work_deadline - time.perf_counter()))
 
+    stagnation = _Stagnation(time.perf_counter())
+
     def on_incumbent(cost: float, _assignment: np.ndarray) -> None:
+        stagnation.improved()
         tracker.incumbent("heuristic", cost + reduced.constant)
 
     warm_up()
@@ -120,6 +139,7 @@ def solve(
         threads=1 if mode == FULL else threads,
         seed=seed,
         on_incumbent=on_incumbent,
+        stop=stagnation.stalled if mode == FULL else None,
     )
     timings["heuristic"] = time.perf_counter() - phase
     candidates = [] if incumbent is None else [incumbent]
@@ -128,20 +148,17 @@ def solve(
     variables = constraints = 0
     if mode == FULL and time.perf_counter() < deadline - 0.2:
         phase = time.perf_counter()
-        program = build_program(core)
-        variables, constraints = program.num_variables, program.num_constraints
-        timings["build"] = time.perf_counter() - phase
-        phase = time.perf_counter()
-        exact = get_backend(engine).solve(
-            program,
-            time_limit=max(0.5, work_deadline - time.perf_counter()),
-            threads=threads,
-            warm_start=incumbent,
-            progress=lambda _t, cost, bound: tracker.update(
-                engine, cost + reduced.constant, bound + reduced.constant
-            ),
+        exact, variables, constraints = _solve_whole(
+            core,
+            engine,
+            incumbent,
+            work_deadline,
+            threads,
+            lambda cost, bound: tracker.update(engine, cost + reduced.constant, bound + reduced.constant),
+            timings,
+            relative_gap,
         )
-        timings["backend"] = time.perf_counter() - phase
+        timings["backend"] = time.perf_counter() - phase - timings.get("build", 0.0)
         if exact.assignment is not None:
             candidates.append(exact.assignment)
     elif mode == LNS and incumbent is not None:
@@ -158,7 +175,7 @@ def solve(
         candidates.append(improved)
 
     phase = time.perf_counter()
-    bound = _lower_bound(core, exact, candidates, bound_deadline) + reduced.constant
+    bound = _lower_bound(core, exact, candidates, bound_deadline, relative_gap) + reduced.constant
     timings["bound"] = time.perf_counter() - phase
     label = engine if mode != LNS else f"{engine} (lns)"
     return _finish(
@@ -166,8 +183,78 @@ def solve(
     )
 
 
+def _solve_whole(
+    core: CompactProblem,
+    engine: str,
+    incumbent: np.ndarray | None,
+    deadline: float,
+    threads: int,
+    on_progress: Callable[[float, float], None],
+    timings: dict[str, float],
+    relative_gap: float = 0.0,
+) -> tuple[BackendResult, int, int]:
+    """(result, variables, constraints) of the backend on the whole program, memory rows added lazily.
+
+    Only steps where some assignment could exceed the limit need a ``memory_cap`` row
+    (`binding_memory_times`); of those, the program starts with the ones the incumbent fills to 90% or more.
+    When the backend's answer exceeds the limit somewhere, the steps it violates are added and the program is
+    solved again (warm-started from the incumbent). Each program is a relaxation of the whole one, so its
+    bound stays valid, and an answer that fits everywhere is optimal for the whole program when it is for the
+    relaxation.
+    """
+    backend = get_backend(engine)
+    needed = binding_memory_times(core)
+    active = np.zeros(0, dtype=np.int64)
+    if incumbent is not None and len(needed):
+        near = memory_times_over(core, incumbent, int(LAZY_MEMORY_START * (core.usage_limit or 0)))
+        active = np.intersect1d(near, needed)
+    timings["build"] = 0.0
+    rounds = 0
+    while True:
+        started = time.perf_counter()
+        program = build_program(core, memory_times=active if len(needed) else np.zeros(0, np.int64))
+        timings["build"] += time.perf_counter() - started
+        result = backend.solve(
+            program,
+            time_limit=max(0.5, deadline - time.perf_counter()),
+            threads=threads,
+            warm_start=incumbent,
+            progress=lambda _t, cost, bound: on_progress(cost, bound),
+            relative_gap=relative_gap,
+        )
+        rounds += 1
+        result = _proven_only(result, program)
+        if result.assignment is None or core.usage_limit is None:
+            break
+        violated = memory_times_over(core, result.assignment, core.usage_limit)
+        if len(violated) == 0:
+            break
+        log.info("memory rows: %d steps over the limit after round %d; adding them", len(violated), rounds)
+        active = np.union1d(active, violated)
+        if time.perf_counter() >= deadline - 0.5:
+            result = BackendResult.nothing(result.seconds, NO_SOLUTION, result.bound)
+            break
+    timings["memory_rounds"] = float(rounds)
+    return result, program.num_variables, program.num_constraints
+
+
+def _proven_only(result: BackendResult, program: IntegerProgram) -> BackendResult:
+    """A backend stopped by a relative gap may call its answer optimal: it is only feasible unless the bound
+    meets it."""
+    if result.status != OPTIMAL:
+        return result
+    closing = 0.999 if integral_objective(program) else 1e-9 * max(1.0, abs(result.objective))
+    if result.objective - result.bound <= closing:
+        return result
+    return dataclasses.replace(result, status=FEASIBLE)
+
+
 def _lower_bound(
-    core: CompactProblem, exact: BackendResult | None, candidates: list[np.ndarray], deadline: float
+    core: CompactProblem,
+    exact: BackendResult | None,
+    candidates: list[np.ndarray],
+    deadline: float,
+    relative_gap: float = 0.0,
 ) -> float:
     """The best proven bound on the compact problem: the backend's, else the Lagrangian dual bound with the
     memory limit priced in (an incumbent's cost sizes its steps)."""
@@ -177,6 +264,8 @@ def _lower_bound(
     if exact is not None and exact.status == OPTIMAL:
         return bound
     incumbent = min((core.cost(c) for c in candidates), default=math.inf)
+    if math.isfinite(incumbent) and incumbent - bound <= relative_gap * abs(incumbent):
+        return bound
     dual = memory_dual_bound(
         core,
         time_limit=max(0.1, deadline - time.perf_counter()),
@@ -238,7 +327,8 @@ def _finish(
     proven = (
         exact is not None and exact.status == OPTIMAL and cost <= exact.objective + reduced.constant + 1e-9
     )
-    status = OPTIMAL if proven or cost <= bound else FEASIBLE
+    closed = cost - bound <= (0.0 if problem.is_integral else 1e-9 * max(1.0, abs(cost)))
+    status = OPTIMAL if proven or closed else FEASIBLE
     if status == OPTIMAL:
         bound = cost
     gap = 0.0 if cost == bound else (cost - bound) / max(abs(cost), 1e-300)
@@ -319,6 +409,23 @@ def program_size(core: CompactProblem) -> int:
         if free[a] and free[b]
     )
     return int(core.strategy_counts[free].sum()) + pairs
+
+
+class _Stagnation:
+    """Before a backend takes the whole program, the heuristic only needs a good warm start: it stops once it
+    has gone `HEURISTIC_PATIENCE` times as long as its last improvement took (at least a second) without
+    improving."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.last = started
+
+    def improved(self) -> None:
+        self.last = time.perf_counter()
+
+    def stalled(self) -> bool:
+        now = time.perf_counter()
+        return now - self.last > max(1.0, HEURISTIC_PATIENCE * (self.last - self.started))
 
 
 class _Tracker:

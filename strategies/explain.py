@@ -81,7 +81,8 @@ def explain(built: BuiltProblem, solution: Sequence[int] | np.ndarray, target: s
                 "collectives": _collectives(built, chosen, edge),
             }
         )
-    compute = float(sum(built.nodes[m].compute_s[current] for m in local.members))
+    weight = built.node_weights()
+    compute = float(sum(weight[m] * built.nodes[m].compute_s[current] for m in local.members))
 
     limit = problem.usage_limit
     options = []
@@ -172,7 +173,10 @@ def check_target_in_plan(plan: dict[str, Any], target: str) -> None:
 
 
 def find_node(built: BuiltProblem, target: str) -> int:
-    """The problem node of a parameter name, else of a node name (op, gradient ``NAME.grad``, input, …)."""
+    """The problem node of a parameter name, else of a node name (op, gradient ``NAME.grad``, input, …).
+    With a short capture standing for a deep stack, a parameter of any layer names its captured copy."""
+    if built.repeat is not None and built.repeat.captured_name(target) in built.parameter_nodes:
+        target = built.repeat.captured_name(target)
     if target in built.parameter_nodes:
         return built.parameter_nodes[target]
     for i, node in enumerate(built.nodes):
@@ -205,9 +209,10 @@ def solution_from_plan(
     """Strategy indices reproducing the plan's placements; the names of nodes it could not map."""
     n = len(built.nodes)
     chosen = np.full(n, -1, dtype=np.int64)
-    for name, spec in plan.get("parameters", {}).items():
-        index = built.parameter_nodes.get(name)
-        if index is not None:
+    placements = plan.get("parameters", {})
+    for name, index in built.parameter_nodes.items():
+        spec = placements.get(built.repeat.full_name(name) if built.repeat is not None else name)
+        if spec is not None:
             chosen[index] = _match(built.nodes[index], [spec], None)
             grad = built.gradient_nodes.get(name)
             if grad is not None and chosen[index] >= 0:

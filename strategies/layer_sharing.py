@@ -34,22 +34,38 @@ def tied_layer_groups(
 ) -> list[list[int]]:
     """Groups of problem-node indices to tie. ``ops`` lists ``(node name, signature, problem index)`` in
     execution order; ``parameters`` maps parameter names to problem indices."""
-    per_layer: dict[int, list[tuple[Any, int]]] = defaultdict(list)
-    for name, signature, index in ops:
-        layer = layer_of(module_path.get(name, ""))
-        if layer is not None:
-            per_layer[layer].append((signature, index))
+    per_layer = _ops_per_layer(ops, module_path)
+    tied = tied_layers(ops, module_path, free_ends)
+    if not tied:
+        return []
+    groups = [[per_layer[layer][k][1] for layer in tied] for k in range(len(per_layer[tied[0]]))]
+    groups += _parameter_groups(parameters, set(tied))
+    return groups
+
+
+def tied_layers(
+    ops: Sequence[tuple[str, Any, int]], module_path: Mapping[str, str], free_ends: int = 1
+) -> list[int]:
+    """The middle layers whose op sequences equal the first middle layer's (none if fewer than two)."""
+    per_layer = _ops_per_layer(ops, module_path)
     layers = sorted(per_layer)
     middle = layers[free_ends : len(layers) - free_ends] if len(layers) > 2 * free_ends else []
     if len(middle) < 2:
         return []
     reference = [sig for sig, _ in per_layer[middle[0]]]
     tied = [layer for layer in middle if [sig for sig, _ in per_layer[layer]] == reference]
-    if len(tied) < 2:
-        return []
-    groups = [[per_layer[layer][k][1] for layer in tied] for k in range(len(reference))]
-    groups += _parameter_groups(parameters, set(tied))
-    return groups
+    return tied if len(tied) >= 2 else []
+
+
+def _ops_per_layer(
+    ops: Sequence[tuple[str, Any, int]], module_path: Mapping[str, str]
+) -> dict[int, list[tuple[Any, int]]]:
+    per_layer: dict[int, list[tuple[Any, int]]] = defaultdict(list)
+    for name, signature, index in ops:
+        layer = layer_of(module_path.get(name, ""))
+        if layer is not None:
+            per_layer[layer].append((signature, index))
+    return per_layer
 
 
 def _parameter_groups(parameters: Mapping[str, int], tied: set[int]) -> list[list[int]]:

@@ -34,6 +34,8 @@ def make_plan(
     parameters = {
         name: spec_text(nodes[i].output_specs[chosen[i], 0]) for name, i in built.parameter_nodes.items()
     }
+    if built.repeat is not None:
+        parameters = built.repeat.expand_names(parameters)
     inputs = [spec_text(nodes[i].output_specs[chosen[i], 0]) for i in built.input_nodes]
     op_nodes = []
     for i, node in enumerate(nodes):
@@ -75,16 +77,22 @@ def make_plan(
             "constraints": result.constraints,
         },
         "request": request or {},
+        **(
+            {}
+            if built.repeat is None
+            else {"layers": {"captured": built.repeat.captured, "total": built.repeat.total}}
+        ),
     }
 
 
 def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
     """Step time, compute, communication (seconds and bytes) of an assignment."""
     problem = built.problem
-    compute = float(sum(node.compute_s[chosen[i]] for i, node in enumerate(built.nodes)))
+    node_weight, edge_weight = built.node_weights(), built.edge_weights()
+    compute = float(sum(node_weight[i] * node.compute_s[chosen[i]] for i, node in enumerate(built.nodes)))
     comm = 0.0
     comm_bytes = 0.0
-    collectives: dict[str, int] = {}
+    collectives: dict[str, float] = {}
     for e, edge in enumerate(built.edges):
         seconds = float(problem.edge_matrix(e)[chosen[edge.producer], chosen[edge.consumer]]) * COST_UNIT_S
         if seconds <= 0:
@@ -96,14 +104,14 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
         dst = tuple(int(c) for c in consumer.input_specs[chosen[edge.consumer], edge.argument])
         for step in redistribute_steps(built.mesh, meta.shape, meta.itemsize, src, dst):
             if step.collective != "local":
-                comm_bytes += step.nbytes
-                collectives[step.collective] = collectives.get(step.collective, 0) + 1
+                comm_bytes += step.nbytes * edge_weight[e]
+                collectives[step.collective] = collectives.get(step.collective, 0) + edge_weight[e]
     return {
         "step_time_s": compute + comm,
         "compute_s": compute,
         "comm_s": comm,
         "comm_bytes": int(comm_bytes),
-        "collectives": collectives,
+        "collectives": {name: round(count) for name, count in collectives.items()},
     }
 
 

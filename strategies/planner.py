@@ -12,7 +12,8 @@ from typing import Any
 
 from solver.solve import SolveResult, solve
 from strategies.graph_passes import expose_sequence_dims
-from strategies.mesh import make_mesh
+from strategies.layer_repeat import MIN_CAPTURED, LayerRepeat
+from strategies.mesh import Mesh, make_mesh
 from strategies.placement import parse_spec
 from strategies.plan import make_plan
 from strategies.problem_builder import BuiltProblem, build_problem
@@ -21,6 +22,8 @@ Progress = Callable[[str], None]
 
 DEFAULT_BATCH = 8
 DEFAULT_SEQ = 1024
+DEFAULT_CAPTURED_LAYERS = MIN_CAPTURED
+DEFAULT_GAP = 0.01
 
 
 @dataclass
@@ -45,6 +48,8 @@ class PlanRequest:
     dtype: str = "bfloat16"
     backend: str = "auto"
     time_limit: float = 60.0
+    gap: float = DEFAULT_GAP
+    """The solver may stop once its plan is proven within this share of the optimum (0: prove optimality)."""
     overlap: float = 0.0
     """Fraction of parameter all-gathers and gradient reductions hidden behind compute."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -54,6 +59,9 @@ class PlanRequest:
     parameter_placements: dict[str, list[str]] = field(default_factory=dict)
     share_layers: bool = True
     """Identical transformer layers (all but the first and last) take the same placements."""
+    captured_layers: int | None = DEFAULT_CAPTURED_LAYERS
+    """Deeper built-in language models are captured with this many layers (first, tied middle copies,
+    last) standing for the whole stack (:mod:`strategies.layer_repeat`); None captures every layer."""
 
 
 @dataclass
@@ -66,56 +74,104 @@ class PlanOutcome:
 
 def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOutcome:
     """Capture, build, solve and write the plan of ``request``."""
-    from strategies.capture import capture_step
-    from strategies.models import load_model
-    from strategies.tensor_meta import parse_dtype
-
     say = progress or (lambda message: None)
     timings: dict[str, float] = {}
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
     started = time.perf_counter()
-    say(f"building {request.model} on the meta device")
-    spec = load_model(
-        request.model,
-        batch=request.batch or DEFAULT_BATCH,
-        seq=request.seq or DEFAULT_SEQ,
-        dtype=parse_dtype(request.dtype),
-        layers=request.layers,
-        **request.options,
-    )
-    say("capturing the joint forward + backward graph")
-    graph = capture_step(spec.module, spec.example_inputs, spec.loss_fn)
-    expose_sequence_dims(graph.gm)
-    graph.refresh()
-    timings["capture"] = time.perf_counter() - started
-    phase = time.perf_counter()
-    limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
-    say(f"building the problem on {mesh}")
-    built = build_problem(
-        graph.gm,
-        mesh,
-        parameters=graph.parameters,
-        gradients=graph.gradients,
-        inputs=graph.inputs,
-        buffers=graph.buffers,
-        loss=graph.loss,
-        memory_limit=limit,
-        input_placements={int(i): parse_spec(p) for i, p in request.input_placements.items()},
-        parameter_placements={n: parse_spec(p) for n, p in request.parameter_placements.items()},
-        overlap=request.overlap,
-        module_path=graph.module_path,
-        share_layers=request.share_layers,
-    )
-    timings["build"] = time.perf_counter() - phase
+    repeat = _layer_repeat(request)
+    try:
+        built = _capture_and_build(request, mesh, repeat, say, timings)
+    except RepeatMismatch as error:
+        say(f"{error}: capturing every layer")
+        built = _capture_and_build(request, mesh, None, say, timings)
     say(f"solving: {built.problem.summary()}")
     phase = time.perf_counter()
     result = solve(
         built.problem,
         backend=request.backend,
         time_limit=request.time_limit,
+        relative_gap=request.gap,
         progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
     )
     timings["solve"] = time.perf_counter() - phase
     plan = make_plan(built, result, request=asdict(request))
     plan["timings"] = {**timings, "total": time.perf_counter() - started}
     return PlanOutcome(plan, built, result, timings)
+
+
+class RepeatMismatch(ValueError):
+    """The captured middle layers are not identical, so they cannot stand for the whole stack."""
+
+
+def _layer_repeat(request: PlanRequest) -> LayerRepeat | None:
+    """The short capture standing for a deep built-in language model, when the request allows one."""
+    from strategies.models import model_layers
+
+    if not request.share_layers or request.captured_layers is None:
+        return None
+    total = request.layers if request.layers is not None else model_layers(request.model, **request.options)
+    captured = max(request.captured_layers, MIN_CAPTURED)
+    if total is None or total <= captured:
+        return None
+    return LayerRepeat(captured, total)
+
+
+def _capture_and_build(
+    request: PlanRequest,
+    mesh: Mesh,
+    repeat: LayerRepeat | None,
+    say: Progress,
+    timings: dict[str, float],
+) -> BuiltProblem:
+    """Build the model on meta, capture its step, build the problem; ``timings`` gets the seconds of the
+    capture (including building the model) and of the problem build."""
+    from strategies.capture import capture_step
+    from strategies.models import load_model
+    from strategies.tensor_meta import parse_dtype
+
+    started = time.perf_counter()
+    depth = f" ({repeat.captured} of its {repeat.total} layers)" if repeat is not None else ""
+    say(f"building {request.model}{depth} on the meta device")
+    spec = load_model(
+        request.model,
+        batch=request.batch or DEFAULT_BATCH,
+        seq=request.seq or DEFAULT_SEQ,
+        dtype=parse_dtype(request.dtype),
+        layers=repeat.captured if repeat is not None else request.layers,
+        **request.options,
+    )
+    say("capturing the joint forward + backward graph")
+    graph = capture_step(spec.module, spec.example_inputs, spec.loss_fn)
+    expose_sequence_dims(graph.gm)
+    graph.refresh()
+    phase = time.perf_counter()
+    limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
+    say(f"building the problem on {mesh}")
+    try:
+        built = build_problem(
+            graph.gm,
+            mesh,
+            parameters=graph.parameters,
+            gradients=graph.gradients,
+            inputs=graph.inputs,
+            buffers=graph.buffers,
+            loss=graph.loss,
+            memory_limit=limit,
+            input_placements={int(i): parse_spec(p) for i, p in request.input_placements.items()},
+            parameter_placements={
+                (repeat.captured_name(n) if repeat is not None else n): parse_spec(p)
+                for n, p in request.parameter_placements.items()
+            },
+            overlap=request.overlap,
+            module_path=graph.module_path,
+            share_layers=request.share_layers,
+            repeat=repeat,
+            backward_start=graph.backward_start,
+        )
+    except ValueError as error:
+        if repeat is not None and str(error).startswith("layer repeat"):
+            raise RepeatMismatch(str(error)) from error
+        raise
+    timings["capture"] = phase - started
+    timings["build"] = time.perf_counter() - phase
+    return built

@@ -37,7 +37,8 @@ import torch
 from solver.problem import Problem
 from strategies.comm import dim_pieces, local_sizes, redistribute_matrix
 from strategies.generate import op_strategies
-from strategies.layer_sharing import layer_of, merge_groups, tied_layer_groups
+from strategies.layer_repeat import LayerRepeat, cost_weights, ghost_intervals
+from strategies.layer_sharing import layer_of, merge_groups, tied_layer_groups, tied_layers
 from strategies.mesh import Mesh
 from strategies.placement import NONE, R, Spec
 from strategies.tensor_meta import TensorMeta, flatten_outputs
@@ -82,6 +83,17 @@ class BuiltProblem:
     gradient_nodes: dict[str, int]
     input_nodes: list[int]
     timings: dict[str, float] = field(default_factory=dict)
+    node_weight: np.ndarray | None = None
+    """How many times each node's compute counts in the step (middle copies of a layer repeat), else 1."""
+    edge_weight: np.ndarray | None = None
+    """How many times each edge's redistribution counts in the step, else 1."""
+    repeat: LayerRepeat | None = None
+
+    def node_weights(self) -> np.ndarray:
+        return np.ones(len(self.nodes)) if self.node_weight is None else self.node_weight
+
+    def edge_weights(self) -> np.ndarray:
+        return np.ones(len(self.edges)) if self.edge_weight is None else self.edge_weight
 
 
 def tensor_placements(meta: TensorMeta, mesh: Mesh) -> np.ndarray:
@@ -160,8 +172,15 @@ def build_problem(
     optimizer_state_bytes: int = ADAM_STATE_BYTES,
     module_path: Mapping[str, str] | None = None,
     share_layers: bool = True,
+    repeat: LayerRepeat | None = None,
+    backward_start: int | None = None,
 ) -> BuiltProblem:
-    """The whole-graph problem of one captured step (see the module docstring)."""
+    """The whole-graph problem of one captured step (see the module docstring).
+
+    ``repeat``: the graph holds ``repeat.captured`` layers of a stack of ``repeat.total``
+    (:mod:`strategies.layer_repeat`); needs ``module_path``, ``share_layers`` and ``backward_start`` (the
+    index in execution order of the first backward op).
+    """
     import time
 
     started = time.perf_counter()
@@ -257,38 +276,97 @@ def build_problem(
             b.nodes[parameter_nodes[name]], spec, f"parameters.{name}"
         )
 
+    node_weight = edge_weight = None
     if share_layers and module_path:
         ops = [(n.name, _signature(n), index_of[n]) for n in order if n.target is not operator.getitem]
         paths = _inherit_layer_paths(order, module_path)
         b.groups.extend(tied_layer_groups(ops, paths, parameter_nodes))
+        if repeat is not None:
+            node_weight, edge_weight = _repeat(b, repeat, ops, paths, backward_start, end)
+    elif repeat is not None:
+        raise ValueError("layer repeat: needs the module paths of the graph and shared layers")
+    node_scale = np.ones(len(b.nodes)) if node_weight is None else node_weight
+    edge_scale = np.ones(len(b.edges)) if edge_weight is None else edge_weight
     problem = Problem.from_lists(
-        costs=[n.compute_s / COST_UNIT_S for n in b.nodes],
+        costs=[n.compute_s / COST_UNIT_S * w for n, w in zip(b.nodes, node_scale.tolist(), strict=True)],
         usages=[n.memory_bytes for n in b.nodes],
         intervals=b.intervals,
         edges=[(e.producer, e.consumer) for e in b.edges],
-        edge_costs=b.edge_costs,
+        edge_costs=[m * w for m, w in zip(b.edge_costs, edge_scale.tolist(), strict=True)],
         usage_limit=memory_limit,
         groups=merge_groups(b.groups),
         pins=b.pins,
         name="autoshard",
     )
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
+    built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
     return built
 
 
+def _repeat(
+    b: _Builder,
+    repeat: LayerRepeat,
+    ops: list[tuple[str, Any, int]],
+    paths: Mapping[str, str],
+    backward_start: int | None,
+    step_end: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Weights for the middle copies of a layer repeat, and ghost nodes for the layers left out."""
+    tied = tied_layers(ops, paths)
+    if len(tied) != repeat.captured - 2:
+        raise ValueError(
+            f"layer repeat: the {repeat.captured - 2} middle layers of the capture are not identical "
+            f"(tied: {tied}); plan the whole stack instead"
+        )
+    if backward_start is None:
+        raise ValueError("layer repeat: needs backward_start")
+    node_layer: list[int | None] = []
+    for node in b.nodes:
+        name = node.name.removesuffix(".grad") if node.kind == "gradient" else node.name
+        node_layer.append(layer_of(paths.get(name, "") if node.kind == "op" else name))
+    node_weight, edge_weight = cost_weights(
+        repeat, node_layer, [(e.producer, e.consumer) for e in b.edges], tied
+    )
+    members = [i for i, layer in enumerate(node_layer) if layer == tied[0]]
+    op_starts = [b.intervals[i][0] for i in members if b.nodes[i].kind == "op"]
+    forward_end = max(p for p in op_starts if p <= backward_start) + 1
+    backward_begin = min(p for p in op_starts if p > backward_start)
+    kinds = [n.kind for n in b.nodes]
+    if repeat.left_out > 0:
+        for i, interval in ghost_intervals(
+            b.intervals, kinds, members, forward_end, backward_begin, step_end
+        ):
+            node = b.nodes[i]
+            ghost = ProblemNode(
+                name=f"{node.name} (x{repeat.left_out} left-out layers)",
+                kind="ghost",
+                op=None,
+                output_specs=node.output_specs,
+                input_specs=np.zeros((len(node.output_specs), 0, b.mesh.ndim), dtype=np.int16),
+                outputs=node.outputs,
+                compute_s=np.zeros(len(node.output_specs)),
+                memory_bytes=node.memory_bytes * repeat.left_out,
+            )
+            b.groups.append((i, b.add_node(ghost, *interval)))
+    node_weight = np.concatenate([node_weight, np.zeros(len(b.nodes) - len(node_weight))])
+    return node_weight, edge_weight
+
+
 def _inherit_layer_paths(order: list[torch.fx.Node], module_path: Mapping[str, str]) -> dict[str, str]:
     """Module paths where nodes without a layer (gradient accumulation adds, casts autograd inserts)
-    take the path of their first argument that has one, so they are tied with their layer too."""
+    take the path of their first argument that has one of its own (else one it inherited), so they are
+    tied with their layer too. (A chain of residual-gradient accumulations would otherwise pass the last
+    layer's path down the whole backward pass.)"""
     paths = dict(module_path)
     for node in order:
         if layer_of(paths.get(node.name, "")) is not None:
             continue
-        for source in node.all_input_nodes:
-            inherited = paths.get(source.name, "")
-            if layer_of(inherited) is not None:
-                paths[node.name] = inherited
-                break
+        sources = node.all_input_nodes
+        own = [s for s in sources if layer_of(module_path.get(s.name, "")) is not None]
+        inherited = [s for s in sources if layer_of(paths.get(s.name, "")) is not None]
+        if own or inherited:
+            paths[node.name] = paths[(own or inherited)[0].name]
     return paths
 
 

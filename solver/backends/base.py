@@ -37,7 +37,8 @@ class BackendResult:
 
 
 class Backend(Protocol):
-    """An exact solver: honours the time limit and thread count, may start from a warm assignment."""
+    """An exact solver: honours the time limit and thread count, may start from a warm assignment, and may
+    stop once its answer is within ``relative_gap`` of its bound."""
 
     name: str
 
@@ -48,6 +49,7 @@ class Backend(Protocol):
         threads: int,
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
+        relative_gap: float = 0.0,
     ) -> BackendResult: ...
 
 

@@ -59,6 +59,7 @@ class CbcBackend:
         threads: int,
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
+        relative_gap: float = 0.0,
     ) -> BackendResult:
         if (empty := empty_program_result(program)) is not None:
             return empty
@@ -74,7 +75,8 @@ class CbcBackend:
                 command += ["-mips", str(start_path)]
             gap = 0.999 if integral_objective(program) else 1e-9
             remaining = max(1.0, time_limit - (time.perf_counter() - started))
-            command += ["-sec", f"{remaining:.2f}", "-threads", str(max(1, threads)), "-ratioGap", "0"]
+            command += ["-sec", f"{remaining:.2f}", "-threads", str(max(1, threads))]
+            command += ["-ratioGap", str(relative_gap)]
             command += ["-allowableGap", str(gap), "-solve", "-solu", str(solution_path)]
             log = _run_with_progress(command, program, started, progress, time_limit)
             seconds = time.perf_counter() - started

@@ -52,6 +52,7 @@ class CpSatBackend:
         threads: int,
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
+        relative_gap: float = 0.0,
     ) -> BackendResult:
         if (empty := empty_program_result(program)) is not None:
             return empty
@@ -68,7 +69,7 @@ class CpSatBackend:
         solver.parameters.max_time_in_seconds = remaining
         solver.parameters.num_workers = max(1, threads)
         solver.parameters.random_seed = 0
-        solver.parameters.relative_gap_limit = 0.0
+        solver.parameters.relative_gap_limit = float(relative_gap)
         solver.parameters.absolute_gap_limit = 0.999 if scale == 1.0 else 0.0
         rounding = 0.0 if _exact(program.objective, scale) else 0.5 / scale * _max_chosen_terms(program)
         callback = _Progress(program, scale, rounding, started, progress)

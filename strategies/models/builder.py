@@ -137,7 +137,14 @@ def _language_model_builder(name: str, make: Callable[[Any], nn.Module], config:
         return _language_model(make, configured, batch=batch, seq=seq, device=device, layers=layers)
 
     build.__doc__ = f"``{name}``: a {make.__name__} language model."
+    build.config = config  # type: ignore[attr-defined]
     return build
+
+
+def model_layers(model: str, **options: Any) -> int | None:
+    """The depth a built-in language model has with ``options`` (None for other models)."""
+    config = getattr(MODELS.get(model), "config", None)
+    return None if config is None else int(_with_options(config, model, options).n_layers)
 
 
 MODELS: dict[str, Builder] = {
