@@ -59,10 +59,11 @@ class CaptureError(ValueError):
 class JointGraph:
     """One captured training step and the role of each of its nodes.
 
-    ``gm(parameters, buffers, *tensor_inputs)`` (two dicts keyed like ``parameters`` / ``buffers``, then
-    the example inputs' tensors in order) returns ``(loss, gradients)``: the gradients of the trainable
-    parameters in ``parameters`` order, then those of the inputs that require grad. Its Python code is
-    generated when first needed (a lazy graph module): planning reads only the graph.
+    ``gm(parameters, buffers, *tensor_inputs)`` (two dicts keyed like ``parameters`` / ``buffers``, the
+    second holding ``constants`` too, then the example inputs' tensors in order) returns
+    ``(loss, gradients)``: the gradients of the trainable parameters in ``parameters`` order, then those of
+    the inputs that require grad. Its Python code is generated when first needed (a lazy graph module):
+    planning reads only the graph.
     """
 
     gm: fx.GraphModule
@@ -71,7 +72,7 @@ class JointGraph:
     tied: dict[str, list[str]]
     """First name of a parameter reachable under several names -> its other names (``lm_head.weight``)."""
     buffers: dict[str, fx.Node]
-    """Placeholder per buffer by qualified name."""
+    """Placeholder per buffer by qualified name, then per tensor constant (see ``constants``)."""
     inputs: list[fx.Node]
     """Placeholders of the example inputs' tensors, in order (non-tensor inputs are baked into the graph)."""
     loss: fx.Node
@@ -88,6 +89,10 @@ class JointGraph:
     """Op node name -> qualified name of the innermost module it came from (``"layers.3.attention.wq"``;
     ``""`` for the root module's own code); backward ops carry their forward op's module. Ops outside the
     module (the loss function, the gradient seed) have none."""
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Real tensors the step holds or makes from Python data (``torch.tensor([])`` in a KV cache, labels a
+    ``loss_fn`` closes over), lifted to buffer placeholders named ``_tensor_constant<k>``; call
+    ``gm(parameters, {**buffers, **constants}, …)``."""
 
     def refresh(self) -> None:
         """Re-read the loss, gradients, op order and module paths from ``gm``, after a graph pass rewrote
@@ -111,14 +116,16 @@ def capture_step(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) 
 
     ``inputs`` is a sequence of positional arguments, a mapping of keyword arguments, or one tensor; tensors
     anywhere inside become graph inputs, other values are constants of the graph. ``loss_fn`` maps the
-    module's output to a scalar (default: :func:`default_loss`). Dead ops (values computed and never used)
-    are removed. A module that cannot be traced on fake tensors (data-dependent control flow, ops without
-    fake kernels) raises :class:`CaptureError`.
+    module's output to a scalar (default: :func:`default_loss`). Real tensors the code holds apart from
+    parameters and buffers (labels a ``loss_fn`` closes over, ``torch.tensor(...)`` in ``forward``) become
+    ``constants``. Dead ops (values computed and never used) are removed. A module that cannot be traced on
+    fake tensors (data-dependent control flow, ops without fake kernels, a TypeError in its code) raises
+    :class:`CaptureError`; a loss that is not a floating scalar raises ValueError.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     loss_fn = loss_fn or default_loss
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # real tensors the code holds become constants
     params = {name: _fake(p, mode, p.requires_grad) for name, p in module.named_parameters()}
     buffers = {name: _fake(b, mode) for name, b in module.named_buffers()}
     leaves, spec = tree_flatten(_as_args_kwargs(inputs))
@@ -139,7 +146,7 @@ def capture_step(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) 
     with fx_traceback.preserve_node_meta(), _no_stack_traces(), _use_lazy_graph_module(True):
         try:
             gm = make_fx(step, tracing_mode="fake", record_module_stack=True)(params, buffers, *fake_inputs)
-        except (ValueError, TypeError):
+        except ValueError:  # bad input, named (a loss that is not a scalar): as it is
             raise
         except Exception as error:
             message = (str(error).strip().splitlines() or [""])[0]
@@ -149,7 +156,12 @@ def capture_step(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) 
             ) from error
         if gm.graph.eliminate_dead_code():
             gm.recompile()
-    return _roles(gm, module, params, buffers, fake_inputs)
+        constants = _lift_constants(gm, len(params), buffers)
+    graph = _roles(gm, module, params, {**buffers, **constants}, fake_inputs)
+    graph.constants = {name: getattr(gm, name) for name in constants}
+    for name in constants:
+        delattr(gm, name)
+    return graph
 
 
 def capture_joint(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) -> fx.GraphModule:
@@ -191,6 +203,39 @@ def _no_stack_traces() -> Iterator[None]:
         yield
     finally:
         fx_config.do_not_emit_stack_traces = saved
+
+
+def _lift_constants(gm: fx.GraphModule, n_params: int, buffers: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn each tensor constant of ``gm`` (a ``get_attr`` node: make_fx keeps tensors made from Python
+    data as attributes) into a placeholder after the buffers', taken from the buffers dict under the
+    attribute's name; returns name -> fake value. The planner then sees a constant as it sees a buffer,
+    and the ``lift_fresh_copy`` that read it becomes the ``clone`` it stands for (one op fewer to know)."""
+    found = [n for n in gm.graph.nodes if n.op == "get_attr" and isinstance(n.meta.get("val"), torch.Tensor)]
+    if not found:
+        return {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    later = placeholders[n_params + len(buffers) :]  # the inputs'
+    anchor = later[0] if later else next(n for n in gm.graph.nodes if n.op != "placeholder")
+    constants: dict[str, Any] = {}
+    lifted: dict[str, fx.Node] = {}
+    for node in found:  # one placeholder per attribute, which several get_attr nodes may read
+        name = str(node.target)
+        if name not in lifted:
+            with gm.graph.inserting_before(anchor):
+                lifted[name] = gm.graph.placeholder(name)
+            lifted[name].meta = dict(node.meta)
+            constants[name] = node.meta["val"]
+        for user in list(node.users):
+            if user.target is torch.ops.aten.lift_fresh_copy.default:
+                user.target = torch.ops.aten.clone.default
+        node.replace_all_uses_with(lifted[name])
+        gm.graph.erase_node(node)
+    codegen = gm.graph._codegen
+    args = tree_unflatten(placeholders, codegen.pytree_info.in_spec)
+    args[1].update(constants)  # the buffers dict of step(params, buffers, *tensors)
+    codegen.pytree_info = codegen.pytree_info._replace(in_spec=tree_flatten(args)[1])
+    gm.recompile()
+    return constants
 
 
 # ------------------------------------------------------------------------------------- backward tagging

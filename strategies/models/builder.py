@@ -18,6 +18,7 @@ Built-in models and their options (keyword arguments of :func:`build_model`):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -190,22 +191,40 @@ def load_factory(spec: str) -> ModelSpec:
 
 
 def _import_file(path: Path) -> Any:
-    """The Python module at ``path``, imported with its folder on ``sys.path`` (for its own imports)."""
+    """The Python module at ``path``, imported with its folder on ``sys.path`` (for its own imports).
+
+    The module is entered in ``sys.modules`` (dataclasses and pickling look it up there) and imported once
+    per version of the file (its modification time): planning the same file again reuses it, so what it
+    registers when imported (a custom op made with ``torch.library``) is registered once.
+    """
     if not path.is_file():
         raise ValueError(f"model: file {str(path)!r} not found")
-    module_spec = importlib.util.spec_from_file_location(f"autoshard_factory_{path.stem}", path)
+    resolved = path.resolve()
+    version = (resolved, resolved.stat().st_mtime_ns)
+    if version in _IMPORTED:
+        return _IMPORTED[version]
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+    name = f"autoshard_factory_{digest}_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
     if module_spec is None or module_spec.loader is None:
         raise ValueError(f"model: {str(path)!r} is not a Python file")
     module = importlib.util.module_from_spec(module_spec)
-    folder = str(path.resolve().parent)
+    folder = str(resolved.parent)
     sys.path.insert(0, folder)
+    sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:
+        sys.modules.pop(name, None)
         raise ValueError(f"model: importing {str(path)!r} raised {type(error).__name__}: {error}") from error
     finally:
         sys.path.remove(folder)
+    _IMPORTED[version] = module
     return module
+
+
+_IMPORTED: dict[tuple[Path, int], Any] = {}
+"""(resolved path, modification time in ns) -> the module imported from that version of the file."""
 
 
 def _spec_of(result: Any, spec: str) -> ModelSpec:

@@ -297,3 +297,31 @@ def test_a_module_that_cannot_be_traced_on_fake_tensors_raises_a_capture_error()
         CaptureError, match="capturing one training step of _DataDependent on fake tensors failed"
     ):
         capture_step(_DataDependent(3, 4), (torch.randn(2, 3),))
+
+
+class _WithConstants(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+        self.register_buffer("shift", torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.tensor([1.0, 2.0, 3.0])  # made from Python data on every call
+        return self.linear(x) * scale + self.shift
+
+
+def test_tensors_the_step_holds_become_constants_passed_with_the_buffers() -> None:
+    module, x, targets = _WithConstants(), torch.randn(4, 3), torch.randn(4, 3)
+    graph = capture_step(module, (x,), lambda out: F.mse_loss(out, targets))  # targets: held by the loss
+    assert not [n for n in graph.gm.graph.nodes if n.op == "get_attr"]
+    assert aten.lift_fresh_copy.default not in {n.target for n in graph.order}  # now a clone
+    assert list(graph.buffers) == ["shift", *graph.constants]
+    assert sorted(tuple(c.shape) for c in graph.constants.values()) == [(3,), (4, 3)]
+    assert [n.op for n in graph.buffers.values()] == ["placeholder"] * 3
+    params = dict(module.named_parameters())
+    loss, grads = graph.gm(params, {**dict(module.named_buffers()), **graph.constants}, x)
+    expected = F.mse_loss(module(x), targets)
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    for grad, (name, p) in zip(grads, params.items(), strict=True):
+        torch.testing.assert_close(grad, p.grad, msg=name)
