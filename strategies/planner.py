@@ -131,7 +131,13 @@ def _capture_and_build(
 
     started = time.perf_counter()
     depth = f" ({repeat.captured} of its {repeat.total} layers)" if repeat is not None else ""
-    say(f"building {request.model}{depth} on the meta device")
+    if ":" in request.model:
+        say(f"building {request.model} (the factory fixes its device, shapes and dtype)")
+        ignored = [name for name in ("batch", "seq", "layers") if getattr(request, name) is not None]
+        if ignored:
+            say(f"  ignored for a factory model: {', '.join(ignored)}")
+    else:
+        say(f"building {request.model}{depth} on the meta device")
     spec = load_model(
         request.model,
         batch=request.batch or DEFAULT_BATCH,

@@ -244,6 +244,11 @@ def build_problem(
             if source is None:
                 continue
             producer_node, output = source
+            if producer_node not in index_of:
+                raise ValueError(
+                    f"graph: {node.name} ({node.target}) reads {producer_node.name} ({producer_node.op}), "
+                    "which is neither an input, parameter, buffer nor op of the step"
+                )
             kind = "parameter" if b.nodes[index_of[producer_node]].kind == "parameter" else "activation"
             b.add_edge(index_of[producer_node], output, consumer, argument, kind)
     gradient_nodes: dict[str, int] = {}

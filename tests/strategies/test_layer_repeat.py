@@ -153,7 +153,8 @@ def test_explain_maps_any_layer_to_its_captured_copy(outcomes) -> None:
     outcome = outcomes[4]
     built, plan = outcome.built, outcome.plan
     chosen, unmapped = solution_from_plan(built, plan)
-    assert unmapped == []
+    kinds = {node.name: node.kind for node in built.nodes}
+    assert {kinds[name] for name in unmapped} <= {"buffer"}  # plans name parameters, inputs and ops only
     assert total_cost(built.problem, chosen) == pytest.approx(outcome.result.cost, rel=1e-9)
     report = explain(built, chosen, "layers.4.attention.wq.weight")
     assert report["node"] == "layers.1.attention.wq.weight"
