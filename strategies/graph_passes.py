@@ -16,6 +16,9 @@ grad weight            ``mm(t(view(x, [B*S, K])), view(g, [B*S, N]))``          
 grad bias              ``sum(view(g, [B*S, N]), [0], keepdim)``                     ``sum(g, [0, 1])``
 =====================  ===========================================================  ========================
 
+:func:`exact_mean_losses` turns every mean ``nll_loss_forward`` into its sum over its total weight, so a
+batch-sharded loss stays exact when some targets are ``ignore_index``.
+
 Letters are positional: in the captured graphs the weight gradient is ``t(view(g)) @ view(x)`` (``[N, K]``,
 transposed afterwards), so its einsum reads ``"bsk,bsn->kn"`` with ``k`` the output features. The forward
 and the grad-input matmul have one form (a flattened activation times a 2-D matrix: ``w`` is
@@ -31,6 +34,7 @@ removed.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +45,7 @@ from torch.fx import Graph, GraphModule, Node
 from strategies.ops.einsum_ops import EINSUM
 
 aten = torch.ops.aten
+_getitem = operator.getitem
 
 VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 """Ops that flatten a tensor in the captured chains (``_unsafe_view`` follows a copy, same meaning)."""
@@ -84,6 +89,56 @@ def expose_sequence_dims(gm: GraphModule) -> int:
     graph.lint()
     gm.recompile()
     return rewritten
+
+
+NLL_MEAN, NLL_SUM = 1, 2
+"""``reduction`` codes of ``aten.nll_loss_forward`` (ATen's ``Reduction`` enum)."""
+
+
+def exact_mean_losses(gm: GraphModule) -> int:
+    """Rewrite, in place, every ``nll_loss_forward(..., reduction=mean)`` as ``sum / total_weight``.
+
+    With the batch sharded, a mean loss is DTensor's ``P(avg)`` of per-shard means: exact only when every
+    shard holds as many counted targets, which padding labels (``ignore_index``, -100 in Hugging Face
+    models) break. The sum and the total weight are exact partial sums (``P``), so after the rewrite every
+    batch-sharded plan computes the true mean: ``div(loss_sum, total_weight)`` once ``total_weight`` is
+    reduced. The backward already divides by the forward's ``total_weight`` (which it must read whole), so
+    it is left as it is. Returns how many losses were rewritten.
+    """
+    graph = gm.graph
+    rewritten = 0
+    for node in list(graph.nodes):
+        if not _is_call(node, (aten.nll_loss_forward.default,)) or _reduction(node) != NLL_MEAN:
+            continue
+        outputs = {user.args[1]: user for user in node.users if user.target is _getitem}
+        if len(outputs) != len(node.users):
+            continue  # an output read other than through getitem: leave it
+        with graph.inserting_after(node):
+            args = (*node.args[:3], NLL_SUM, *node.args[4:])
+            summed = _call(graph, aten.nll_loss_forward.default, args, like=node)
+        with graph.inserting_after(summed):
+            total = graph.call_function(_getitem, (summed, 1))
+            total.meta["val"] = summed.meta["val"][1]
+        with graph.inserting_after(total):
+            loss_sum = graph.call_function(_getitem, (summed, 0))
+            loss_sum.meta["val"] = summed.meta["val"][0]
+        with graph.inserting_after(loss_sum):
+            mean = _call(graph, aten.div.Tensor, (loss_sum, total), like=node)
+        if 0 in outputs:
+            outputs[0].replace_all_uses_with(mean)
+            graph.erase_node(outputs[0])
+        if 1 in outputs:
+            outputs[1].replace_all_uses_with(total)
+            graph.erase_node(outputs[1])
+        graph.erase_node(node)
+        rewritten += 1
+    graph.lint()
+    gm.recompile()
+    return rewritten
+
+
+def _reduction(node: Node) -> int:
+    return int(node.args[3]) if len(node.args) > 3 else int(node.kwargs.get("reduction", NLL_MEAN))
 
 
 # ---------------------------------------------------------------------------------------- matching
@@ -291,7 +346,8 @@ def _call(graph: Graph, target: Any, args: tuple, like: Node) -> Node:
 
     node = graph.create_node("call_function", target, args, name=target.overloadpacket.__name__)
     node.meta["val"] = _fake_run(target, args)
-    node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
+    if isinstance(node.meta["val"], torch.Tensor):
+        node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
     for key in PROVENANCE_KEYS:
         if key in like.meta:
             node.meta[key] = like.meta[key]

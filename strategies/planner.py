@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from solver.solve import SolveResult, solve
-from strategies.graph_passes import expose_sequence_dims
+from strategies.graph_passes import exact_mean_losses, expose_sequence_dims
 from strategies.layer_repeat import MIN_CAPTURED, LayerRepeat
 from strategies.mesh import Mesh, make_mesh
 from strategies.placement import parse_spec
@@ -149,6 +149,7 @@ def _capture_and_build(
     say("capturing the joint forward + backward graph")
     graph = capture_step(spec.module, spec.example_inputs, spec.loss_fn)
     expose_sequence_dims(graph.gm)
+    exact_mean_losses(graph.gm)
     graph.refresh()
     phase = time.perf_counter()
     limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes

@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_leaves
 
 from strategies.capture import capture_joint, op_calls
 from strategies.generate import op_strategies
-from strategies.graph_passes import PROVENANCE_KEYS, expose_sequence_dims
+from strategies.graph_passes import PROVENANCE_KEYS, exact_mean_losses, expose_sequence_dims
 from strategies.mesh import make_mesh
 from strategies.models.llama import LlamaConfig, TransformerBlock, rope_tables
 from strategies.ops.einsum_ops import EINSUM, einsum, einsum_flops, parse_equation
@@ -244,3 +244,35 @@ def test_einsum_nodes_offer_sequence_shardings(llama) -> None:
             else:  # batch and sequence are contracted: the weight gradient is a partial sum on every axis
                 want = ((cut, cut), (tuple(P for _ in activation),))
             assert want in rows, f"{call.name} {call.args[0]} on {mesh_shape}: no sequence strategy"
+
+
+# ------------------------------------------------------------------------------------- mean losses
+
+
+class Classifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(x), target)
+
+
+def test_mean_losses_become_sum_over_total_weight_with_the_same_step() -> None:
+    torch.manual_seed(0)
+    module = Classifier()
+    inputs = [torch.randn(6, 8), torch.tensor([1, -100, -100, 4, 3, 0])]  # padding labels are ignored
+    original, rewritten = capture_joint(module, inputs), capture_joint(module, inputs)
+    assert exact_mean_losses(rewritten) == 1
+    reductions = [
+        n.args[3] for n in rewritten.graph.nodes if n.target == torch.ops.aten.nll_loss_forward.default
+    ]
+    assert reductions == [2]  # sum
+    assert _count(rewritten, (torch.ops.aten.div.Tensor,)) == 1
+    _assert_same_step(original, rewritten, module, inputs)
+    # a shard's mean is not a share of the mean: only sums add up (halves count 1 and 3 targets)
+    log_probs = F.log_softmax(module.head(inputs[0]), dim=-1).detach()
+    halves = [F.nll_loss(log_probs[i : i + 3], inputs[1][i : i + 3]) for i in (0, 3)]
+    assert not torch.allclose(sum(halves) / 2, F.nll_loss(log_probs, inputs[1]))
+    sums = [F.nll_loss(log_probs[i : i + 3], inputs[1][i : i + 3], reduction="sum") for i in (0, 3)]
+    torch.testing.assert_close(sum(sums) / 4, F.nll_loss(log_probs, inputs[1]))
