@@ -53,6 +53,20 @@ def dual_bound(problem: CompactProblem, time_limit: float, tolerance: float = 0.
     if arrays is None:  # no edge left
         return constant
     graph, order = arrays
+    run = run_trws(graph, order, deadline, tolerance)
+    return _certify(graph, run.forward, run.pos, run.msg, constant)
+
+
+class TrwsRun(NamedTuple):
+    """The best messages TRW-S reached, with the direction of their pass and the node positions."""
+
+    msg: np.ndarray
+    forward: bool
+    pos: np.ndarray
+
+
+def run_trws(graph: _Graph, order: np.ndarray, deadline: float, tolerance: float = 0.0) -> TrwsRun:
+    """TRW-S passes until ``deadline`` or `STALL_PASSES` passes without improving by ``tolerance``."""
     n = len(graph.node_off) - 1
     pos = np.empty(n, dtype=np.int64)
     pos[order] = np.arange(n, dtype=np.int64)
@@ -77,8 +91,17 @@ def dual_bound(problem: CompactProblem, time_limit: float, tolerance: float = 0.
         forward = not forward
         if stall >= STALL_PASSES or time.perf_counter() >= deadline:
             break
+    return TrwsRun(best_msg, best_forward, pos)
 
-    return _certify(graph, best_forward, pos, best_msg, constant)
+
+def beliefs(graph: _Graph, msg: np.ndarray) -> list[np.ndarray]:
+    """Per graph node, its cost plus the messages into it (TRW-S's min-marginal estimates)."""
+    out = np.empty(int(np.max(np.diff(graph.node_off))), dtype=np.float64)
+    result = []
+    for i in range(len(graph.node_off) - 1):
+        size = _belief(i, graph.node_off, graph.cost, graph.adj_off, graph.slot_off, msg, out)
+        result.append(out[:size].copy())
+    return result
 
 
 def _certify(

@@ -37,6 +37,7 @@ from solver.memory import min_peak_lower_bound, smallest_peak
 from solver.memory_bound import memory_dual_bound
 from solver.portfolio import portfolio_solve
 from solver.problem import Problem
+from solver.pruned import Pruned, pruned_solve
 from solver.reductions import Reduced, reduce
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,10 @@ log = logging.getLogger(__name__)
 #: Programs up to this many variables go whole to a backend; larger ones get the heuristic and then large
 #: neighbourhood search with the backend.
 FULL_PROGRAM_MAX_VARIABLES = 1_500_000
+#: Without a backend on the whole program: TRW-S for at most this share of the time limit, then the program
+#: over the strategies its beliefs rank best (`solver.pruned`) for at most the next share.
+PRUNED_TRWS_SHARE = 0.25
+PRUNED_SOLVE_SHARE = 0.25
 #: How long (relative to the time its last improvement took) the heuristic may go without improving before a
 #: backend that takes the whole program starts.
 HEURISTIC_PATIENCE = 1.0
@@ -134,6 +139,7 @@ def solve(
         tracker.incumbent("heuristic", cost + reduced.constant)
 
     warm_up()
+    known_bound = -math.inf
     incumbent = portfolio_solve(
         core,
         time_limit=budget,
@@ -164,19 +170,31 @@ def solve(
             candidates.append(exact.assignment)
     elif mode == LNS and incumbent is not None:
         phase = time.perf_counter()
-        improved, _stats = lns_improve(
-            core,
-            incumbent,
-            deadline=work_deadline,
-            backend=engine,
-            seed=seed,
-            on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-lns", cost + reduced.constant),
-        )
-        timings["lns"] = time.perf_counter() - phase
-        candidates.append(improved)
+        pruned = _pruned(core, engine, incumbent, started, time_limit, threads, relative_gap, timings)
+        timings["pruned"] = time.perf_counter() - phase
+        known_bound = pruned.bound
+        if pruned.assignment is not None and core.cost(pruned.assignment) < core.cost(incumbent):
+            incumbent = pruned.assignment
+            candidates.append(incumbent)
+            tracker.update("pruned", core.cost(incumbent) + reduced.constant, known_bound + reduced.constant)
+        best = core.cost(incumbent)
+        if best - known_bound > relative_gap * abs(best):
+            phase = time.perf_counter()
+            improved, _stats = lns_improve(
+                core,
+                incumbent,
+                deadline=work_deadline,
+                backend=engine,
+                seed=seed,
+                on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-lns", cost + reduced.constant),
+            )
+            timings["lns"] = time.perf_counter() - phase
+            candidates.append(improved)
 
     phase = time.perf_counter()
-    bound = _lower_bound(core, exact, candidates, bound_deadline, relative_gap) + reduced.constant
+    bound = (
+        _lower_bound(core, exact, candidates, bound_deadline, relative_gap, known_bound) + reduced.constant
+    )
     timings["bound"] = time.perf_counter() - phase
     label = engine if mode != LNS else f"{engine} (lns)"
     return _finish(
@@ -256,10 +274,11 @@ def _lower_bound(
     candidates: list[np.ndarray],
     deadline: float,
     relative_gap: float = 0.0,
+    known_bound: float = -math.inf,
 ) -> float:
     """The best proven bound on the compact problem: the backend's, else the Lagrangian dual bound with the
     memory limit priced in (an incumbent's cost sizes its steps)."""
-    bound = core.trivial_bound()
+    bound = max(core.trivial_bound(), known_bound)
     if exact is not None and math.isfinite(exact.bound):
         bound = max(bound, exact.bound)
     if exact is not None and exact.status == OPTIMAL:
@@ -273,6 +292,31 @@ def _lower_bound(
         upper_bound=incumbent if math.isfinite(incumbent) else None,
     )
     return max(bound, dual)
+
+
+def _pruned(
+    core: CompactProblem,
+    engine: str,
+    incumbent: np.ndarray,
+    started: float,
+    time_limit: float,
+    threads: int,
+    relative_gap: float,
+    timings: dict[str, float],
+) -> Pruned:
+    """`solver.pruned`: TRW-S for up to `PRUNED_TRWS_SHARE` of the time limit, then the program over each
+    node's best strategies, whole, for up to `PRUNED_SOLVE_SHARE`."""
+    now = time.perf_counter()
+    trws_deadline = now + PRUNED_TRWS_SHARE * time_limit
+    solve_deadline = min(started + time_limit, trws_deadline + PRUNED_SOLVE_SHARE * time_limit)
+
+    def solve_restricted(restricted: CompactProblem, start: np.ndarray | None, deadline: float):
+        result, _variables, _constraints = _solve_whole(
+            restricted, engine, start, deadline, threads, lambda _c, _b: None, {}, relative_gap
+        )
+        return result.assignment
+
+    return pruned_solve(core, incumbent, trws_deadline, solve_deadline, solve_restricted)
 
 
 def _finish(
@@ -381,7 +425,7 @@ def _heuristic_share(core: CompactProblem, mode: str) -> float:
     if mode == HEURISTIC:
         return 1.0
     if mode == LNS:
-        return 0.5
+        return 0.1
     size = int(core.strategy_counts.sum())
     if size <= 2_000:
         return 0.02
