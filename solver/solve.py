@@ -49,6 +49,8 @@ FULL_PROGRAM_MAX_VARIABLES = 1_500_000
 #: over the strategies its beliefs rank best (`solver.pruned`) for at most the next share.
 PRUNED_TRWS_SHARE = 0.25
 PRUNED_SOLVE_SHARE = 0.25
+#: ... and only with at most this many super nodes that have a choice (see `_use_pruned`).
+PRUNED_MAX_NODES = 2_000
 #: How long (relative to the time its last improvement took) the heuristic may go without improving before a
 #: backend that takes the whole program starts.
 HEURISTIC_PATIENCE = 1.0
@@ -169,14 +171,16 @@ def solve(
         if exact.assignment is not None:
             candidates.append(exact.assignment)
     elif mode == LNS and incumbent is not None:
-        phase = time.perf_counter()
-        pruned = _pruned(core, engine, incumbent, started, time_limit, threads, relative_gap, timings)
-        timings["pruned"] = time.perf_counter() - phase
-        known_bound = pruned.bound
-        if pruned.assignment is not None and core.cost(pruned.assignment) < core.cost(incumbent):
-            incumbent = pruned.assignment
-            candidates.append(incumbent)
-            tracker.update("pruned", core.cost(incumbent) + reduced.constant, known_bound + reduced.constant)
+        if _use_pruned(core):
+            phase = time.perf_counter()
+            pruned = _pruned(core, engine, incumbent, started, time_limit, threads, relative_gap, timings)
+            timings["pruned"] = time.perf_counter() - phase
+            known_bound = pruned.bound
+            if pruned.assignment is not None and core.cost(pruned.assignment) < core.cost(incumbent):
+                incumbent = pruned.assignment
+                candidates.append(incumbent)
+                cost = core.cost(incumbent) + reduced.constant
+                tracker.update("pruned", cost, known_bound + reduced.constant)
         best = core.cost(incumbent)
         if best - known_bound > relative_gap * abs(best):
             phase = time.perf_counter()
@@ -292,6 +296,12 @@ def _lower_bound(
         upper_bound=incumbent if math.isfinite(incumbent) else None,
     )
     return max(bound, dual)
+
+
+def _use_pruned(core: CompactProblem) -> bool:
+    """The pruned solve suits few nodes with many strategies each (plans on 3-D meshes); with thousands of
+    nodes (the IOPDDL instances) its restricted program is itself too large, and the time goes to LNS."""
+    return int((core.strategy_counts > 1).sum()) <= PRUNED_MAX_NODES
 
 
 def _pruned(
@@ -425,7 +435,7 @@ def _heuristic_share(core: CompactProblem, mode: str) -> float:
     if mode == HEURISTIC:
         return 1.0
     if mode == LNS:
-        return 0.1
+        return 0.1 if _use_pruned(core) else 0.5
     size = int(core.strategy_counts.sum())
     if size <= 2_000:
         return 0.02
