@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import resource
 import sys
 import time
@@ -112,11 +113,16 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.01, help="relative gap the solver may stop at")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     args = parser.parse_args()
+    from solver.solve import warm_up_kernels
+
+    warm_up_kernels()  # load the numba kernels once (as a running service has them); children inherit them
     rows = []
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
     for name in args.configs.split(","):
         for mesh, batch, layers, memory_gib in CONFIGS[name]:
-            row = run(mesh, batch, layers, memory_gib, args.time_limit, args.gap)
+            # each configuration in its own process, so "RSS GiB" is that configuration's peak
+            with multiprocessing.get_context("fork").Pool(1) as pool:
+                row = pool.apply(run, (mesh, batch, layers, memory_gib, args.time_limit, args.gap))
             rows.append(row)
             if not args.json:
                 print(
