@@ -43,6 +43,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from solver.errors import InfeasibleError
 from solver.problem import Problem
@@ -58,10 +59,6 @@ DOMINATED = "dominated"
 #: Every reduction, in the order one pass runs them (pins run once, before the others).
 ALL_REDUCTIONS: tuple[str, ...] = (PINS, FORBIDDEN, PARALLEL, GROUP_EDGES, FOLD, FOLLOW, DOMINATED)
 
-#: Most entries one block comparison of the dominance check may allocate.
-_COMPARE_BUDGET = 1 << 21
-#: Feature columns the dominance check compares for all strategy pairs before it goes pair by pair.
-_DENSE_COLUMNS = 3
 #: The change stamp every node starts with.
 _START_TICK = 1
 
@@ -340,18 +337,35 @@ def _finite_support(problem: Problem) -> np.ndarray:
         return possible
     counts = problem.strategy_counts
     u, v = problem.edge_nodes[:, 0], problem.edge_nodes[:, 1]
-    sizes = np.diff(problem.edge_offsets)
-    edge_of = np.repeat(np.arange(problem.num_edges), sizes)
-    finite = np.flatnonzero(np.isfinite(problem.edge_costs))
-    local = finite - problem.edge_offsets[edge_of[finite]]
-    width = counts[v][edge_of[finite]]
-    for side, index in ((u, local // width), (v, local % width)):
-        base = np.concatenate([[0], np.cumsum(counts[side])])
-        hits = np.bincount(base[edge_of[finite]] + index, minlength=int(base[-1]))
-        dead = np.flatnonzero(hits == 0)
-        edge = np.searchsorted(base, dead, side="right") - 1
-        possible[problem.node_offsets[side[edge]] + dead - base[edge]] = False
+    _mark_unsupported(
+        problem.edge_costs,
+        problem.edge_offsets,
+        counts[u],
+        counts[v],
+        problem.node_offsets[u],
+        problem.node_offsets[v],
+        possible,
+    )
     return possible
+
+
+@njit(cache=True)
+def _mark_unsupported(costs, offsets, rows, cols, row_start, col_start, possible):
+    """Clear ``possible`` for every edge row (column) without a finite entry; matrices are row-major."""
+    for e in range(len(rows)):
+        r, c, base = rows[e], cols[e], offsets[e]
+        column_ok = np.zeros(c, dtype=np.bool_)
+        for i in range(r):
+            row_ok = False
+            for j in range(c):
+                if np.isfinite(costs[base + i * c + j]):
+                    row_ok = True
+                    column_ok[j] = True
+            if not row_ok:
+                possible[row_start[e] + i] = False
+        for j in range(c):
+            if not column_ok[j]:
+                possible[col_start[e] + j] = False
 
 
 def _possible(work: _Work, head: int) -> np.ndarray:
@@ -516,23 +530,34 @@ def dominated_rows(features: np.ndarray) -> np.ndarray:
 
 
 def _no_worse_pairs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """All pairs ``(b, a)``, ``b != a``, with ``values[b] <= values[a]`` elementwise.
+    """All pairs ``(b, a)``, ``b != a``, with ``values[b] <= values[a]`` elementwise (row-major order).
 
-    The first few columns are compared densely (all pairs at once); the pairs that survive are then checked
-    against the remaining columns a block at a time, so most of the width is only compared for few pairs.
+    A compiled double loop over the pairs that stops at a pair's first column where ``b`` is worse (or
+    either is NaN): most pairs fail within a few columns, so the width is rarely read.
     """
+    return _no_worse_pairs_kernel(np.ascontiguousarray(values, dtype=np.float64))
+
+
+@njit(cache=True)
+def _no_worse_pairs_kernel(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     count, width = values.shape
-    possible = ~np.eye(count, dtype=bool)
-    for column in values[:, :_DENSE_COLUMNS].T:
-        possible &= column[:, None] <= column[None, :]
-    better, worse = np.nonzero(possible)
-    start = _DENSE_COLUMNS
-    while start < width and len(better):
-        stop = start + max(1, _COMPARE_BUDGET // len(better))
-        ok = (values[better, start:stop] <= values[worse, start:stop]).all(axis=1)
-        better, worse = better[ok], worse[ok]
-        start = stop
-    return better, worse
+    better = np.empty(count * count, dtype=np.int64)
+    worse = np.empty(count * count, dtype=np.int64)
+    found = 0
+    for b in range(count):
+        for a in range(count):
+            if a == b:
+                continue
+            no_worse = True
+            for j in range(width):
+                if not values[b, j] <= values[a, j]:
+                    no_worse = False
+                    break
+            if no_worse:
+                better[found] = b
+                worse[found] = a
+                found += 1
+    return better[:found], worse[:found]
 
 
 # --------------------------------------------------------------------------- driver

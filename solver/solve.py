@@ -392,8 +392,11 @@ def _finish(
 
 
 def warm_up_kernels() -> None:
-    """Compile (or load from numba's cache) the heuristic and bound kernels on a tiny problem."""
+    """Compile (or load from numba's cache) the heuristic, reduction and bound kernels on a tiny problem."""
+    from solver.reductions import dominated_rows
+
     warm_up()
+    dominated_rows(np.array([[1.0, 2.0], [2.0, 1.0], [2.0, 2.0]]))
     tiny = compact(
         Problem.from_lists(
             costs=[[1.0, 2.0], [2.0, 1.0]],
