@@ -120,9 +120,7 @@ def main() -> None:
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
     for name in args.configs.split(","):
         for mesh, batch, layers, memory_gib in CONFIGS[name]:
-            # each configuration in its own process, so "RSS GiB" is that configuration's peak
-            with multiprocessing.get_context("fork").Pool(1) as pool:
-                row = pool.apply(run, (mesh, batch, layers, memory_gib, args.time_limit, args.gap))
+            row = _in_child(mesh, batch, layers, memory_gib, args.time_limit, args.gap)
             rows.append(row)
             if not args.json:
                 print(
@@ -131,6 +129,26 @@ def main() -> None:
                 )
     if args.json:
         print(json.dumps(rows, indent=1))
+
+
+def _in_child(*args: object) -> dict:
+    """`run` in a forked process of its own (not a pool worker: the solver forks its own workers), so
+    "RSS GiB" is that configuration's peak."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+
+    def child_main() -> None:
+        try:
+            results.put(run(*args))  # type: ignore[arg-type]
+        except Exception as error:  # a failed configuration is a row, not a hung benchmark
+            results.put({"mesh": args[0], "layers": args[2], "batch": args[1], "status": f"error: {error}"})
+            raise
+
+    child = context.Process(target=child_main)
+    child.start()
+    row = results.get()
+    child.join()
+    return row
 
 
 def _cell(value: object) -> str:
