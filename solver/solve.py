@@ -1,9 +1,17 @@
 """Solve a `Problem`: reductions, a heuristic incumbent, an exact backend, a certificate.
 
 Pipeline: `reductions.reduce` -> `compact` (groups become super nodes) -> `heuristic_solve` (anytime,
-feasible incumbent in seconds) -> `ilp.build_program` + a backend warm-started from the incumbent, with the
-time that is left -> the best assignment, mapped back and re-costed by the independent evaluator. The bound
-is the best proven lower bound (the backend's, else every node and edge at its cheapest entry).
+feasible incumbent in seconds; before a whole-program backend it stops once stale) -> then, by size:
+
+- the whole program (`_solve_whole`): `ilp.build_program` with memory rows added lazily (only steps some
+  assignment could overflow, then the steps an answer violates) + a backend warm-started from the incumbent;
+- too large for that, few nodes (`solver.pruned`): TRW-S bound and beliefs, the program over each node's
+  best strategies solved whole, then large neighbourhood search if the gap is still open;
+- too large, many nodes: large neighbourhood search (`solver.lns`);
+
+-> the best assignment, mapped back and re-costed by the independent evaluator. The bound is the best proven
+lower bound (the backend's, TRW-S's, the memory-priced Lagrangian's, or every node and edge at its cheapest
+entry). ``relative_gap`` lets every stage stop once its answer is proven that close.
 """
 
 from __future__ import annotations
@@ -173,7 +181,7 @@ def solve(
     elif mode == LNS and incumbent is not None:
         if _use_pruned(core):
             phase = time.perf_counter()
-            pruned = _pruned(core, engine, incumbent, started, time_limit, threads, relative_gap, timings)
+            pruned = _pruned(core, engine, incumbent, started, time_limit, threads, relative_gap)
             timings["pruned"] = time.perf_counter() - phase
             known_bound = pruned.bound
             if pruned.assignment is not None and core.cost(pruned.assignment) < core.cost(incumbent):
@@ -312,7 +320,6 @@ def _pruned(
     time_limit: float,
     threads: int,
     relative_gap: float,
-    timings: dict[str, float],
 ) -> Pruned:
     """`solver.pruned`: TRW-S for up to `PRUNED_TRWS_SHARE` of the time limit, then the program over each
     node's best strategies, whole, for up to `PRUNED_SOLVE_SHARE`."""
