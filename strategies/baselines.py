@@ -19,6 +19,10 @@ Rules (``ndim`` mesh axes; "the last axis" is the tensor-parallel one):
 The batch pin goes on every input whose dim 0 equals the first input's (tokens and targets alike). A pin that
 is not among a node's strategies falls back to ``R`` on the axes that do not fit; the result's ``message``
 says which.
+
+:func:`restrict_to_baseline` asks a narrower question than a baseline: the named parameters keep the
+baseline's placement on some mesh axes only (``megatron`` on the ``tp`` axis, say) and everything else stays
+free. Its optimum equals the plan's exactly when that part of the baseline is optimal.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from solver.problem import Problem
 from strategies.placement import R, spec_text
 from strategies.problem_builder import BuiltProblem, ProblemNode
 
@@ -105,6 +110,31 @@ def solve_baseline(
         solution=[int(s) for s in result.solution],
         pins=pins,
     )
+
+
+def restrict_to_baseline(
+    name: str,
+    built: BuiltProblem,
+    parameter_names: Iterable[str] | None = None,
+    axes: Iterable[int] | None = None,
+) -> Problem:
+    """``built``'s problem where each named parameter (default all) may only take strategies that agree with
+    the baseline ``name`` on ``axes`` (default all axes); the other strategies are forbidden (infinite cost).
+
+    The parameter's gradient sink is grouped with it, so the gradient follows. Inputs are not restricted.
+    """
+    ndim = built.mesh.ndim
+    chosen_axes = sorted(set(range(ndim) if axes is None else axes))
+    if not chosen_axes or any(not 0 <= a < ndim for a in chosen_axes):
+        raise ValueError(f"axes: expected mesh axes in 0..{ndim - 1}, got {chosen_axes}")
+    pins, _ = _baseline_pins(name, built, parameter_names)
+    problem = built.problem
+    costs = problem.costs.copy()
+    for index in set(pins) & set(built.parameter_nodes.values()):
+        specs = built.nodes[index].output_specs[:, 0, :][:, chosen_axes]
+        differs = (specs != specs[pins[index]]).any(axis=1)
+        costs[problem.node_offsets[index] : problem.node_offsets[index + 1]][differs] = np.inf
+    return problem.replace(costs=costs)
 
 
 def solve_baselines(
@@ -222,4 +252,11 @@ def _pin(node: ProblemNode, want: tuple[int, ...], what: str, notes: list[str]) 
     raise AssertionError(f"{what}: not even all-R is a strategy")  # placeholders always have all-R
 
 
-__all__ = ["BASELINES", "BaselineResult", "baseline_pins", "solve_baseline", "solve_baselines"]
+__all__ = [
+    "BASELINES",
+    "BaselineResult",
+    "baseline_pins",
+    "restrict_to_baseline",
+    "solve_baseline",
+    "solve_baselines",
+]
