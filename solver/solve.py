@@ -33,7 +33,7 @@ from solver.backends.base import (
     NO_SOLUTION,
     OPTIMAL,
     BackendResult,
-    integral_objective,
+    closing_gap,
 )
 from solver.compact import CompactProblem, compact
 from solver.errors import InfeasibleError
@@ -274,8 +274,7 @@ def _proven_only(result: BackendResult, program: IntegerProgram) -> BackendResul
     meets it."""
     if result.status != OPTIMAL:
         return result
-    closing = 0.999 if integral_objective(program) else 1e-9 * max(1.0, abs(result.objective))
-    if result.objective - result.bound <= closing:
+    if result.objective - result.bound <= closing_gap(program, result.objective):
         return result
     return dataclasses.replace(result, status=FEASIBLE)
 

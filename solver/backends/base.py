@@ -61,6 +61,12 @@ def integral_objective(program: IntegerProgram) -> bool:
     )
 
 
+def closing_gap(program: IntegerProgram, objective: float) -> float:
+    """The difference between an answer and a bound that proves the answer optimal: below 1 for integral
+    objectives, else rounding noise."""
+    return 0.999 if integral_objective(program) else 1e-9 * max(1.0, abs(objective))
+
+
 def empty_program_result(program: IntegerProgram) -> BackendResult | None:
     """The answer for a program without variables (every node constant), which some solvers refuse."""
     if program.num_variables:

@@ -23,6 +23,7 @@ from solver.backends.base import (
     OPTIMAL,
     BackendResult,
     ProgressSink,
+    closing_gap,
     empty_program_result,
     integral_objective,
 )
@@ -205,8 +206,7 @@ def _read_result(
     objective = float(program.objective @ values) + program.constant
     optimal = header.startswith("Optimal")
     if optimal:
-        tolerance = 0.999 if integral_objective(program) else 1e-9 * max(1.0, abs(objective))
-        bound = max(bound, objective - tolerance)
+        bound = max(bound, objective - closing_gap(program, objective))
     first_seconds = seconds if first_seconds is None else first_seconds
     return BackendResult(
         OPTIMAL if optimal else FEASIBLE, assignment, objective, bound, seconds, first_seconds

@@ -17,6 +17,7 @@ from solver.backends.base import (
     OPTIMAL,
     BackendResult,
     ProgressSink,
+    closing_gap,
     empty_program_result,
     integral_objective,
 )
@@ -106,7 +107,7 @@ class HighsBackend:
             return BackendResult.nothing(seconds, answer.status, bound)
         proven = answer.status == OPTIMAL and best.objective <= answer.objective
         if proven:
-            bound = max(bound, best.objective - _closing_gap(program, best.objective))
+            bound = max(bound, best.objective - closing_gap(program, best.objective))
         first = answer.first_solution_seconds if answer.first_solution_seconds is not None else seconds
         status = OPTIMAL if proven else FEASIBLE
         return BackendResult(
@@ -143,12 +144,7 @@ def _satisfies(program: IntegerProgram, columns: np.ndarray) -> bool:
 
 
 def _within(objective: float, bound: float, relative_gap: float, program: IntegerProgram) -> bool:
-    return objective - bound <= max(relative_gap * abs(objective), _closing_gap(program, objective))
-
-
-def _closing_gap(program: IntegerProgram, objective: float) -> float:
-    """The difference that proves optimality: below 1 for integral objectives, else rounding noise."""
-    return 0.999 if integral_objective(program) else 1e-9 * max(1.0, abs(objective))
+    return objective - bound <= max(relative_gap * abs(objective), closing_gap(program, objective))
 
 
 def _run_mip(
@@ -200,7 +196,7 @@ def _run_mip(
     columns = program.columns(assignment)
     reported = float(info.objective_function_value) + program.constant
     objective = float(program.objective @ columns) + program.constant if columns is not None else math.inf
-    if abs(objective - reported) > _closing_gap(program, reported) / 2:
+    if abs(objective - reported) > closing_gap(program, reported) / 2:
         # HiGHS (1.16) can report a better objective than the solution it hands back when a warm start is set
         # on a program with many columns fixed at 0; without the warm start it hands back the right one.
         if warm_start is not None and time.perf_counter() - begun < time_limit:
