@@ -8,14 +8,13 @@ import pytest
 from solver.evaluate import total_cost, usage_profile
 from strategies.capture import capture_step
 from strategies.explain import explain, solution_from_plan
-from strategies.graph_passes import expose_sequence_dims
 from strategies.layer_repeat import LayerRepeat, cost_weights, ghost_intervals
 from strategies.layer_sharing import layer_of
 from strategies.mesh import make_mesh
 from strategies.models import build_model
 from strategies.placement import NONE, R
-from strategies.planner import PlanRequest, _layer_repeat, plan_model
-from strategies.problem_builder import _inherit_layer_paths, build_problem
+from strategies.planner import PlanRequest, _capture_and_build, _layer_repeat, plan_model
+from strategies.problem_builder import _inherit_layer_paths
 
 SMALL_LLAMA = {"dim": 256, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512, "ffn_dim": 768}
 LAYERS = 7
@@ -84,29 +83,24 @@ def _all_replicate(built) -> np.ndarray:
     return np.array(chosen)
 
 
-def _built(layers: int, repeat: LayerRepeat | None):
-    mesh = make_mesh("2x2")
-    spec = build_model("llama3-8b", batch=4, seq=64, layers=layers, **SMALL_LLAMA)
-    graph = capture_step(spec.module, spec.example_inputs, spec.loss_fn)
-    expose_sequence_dims(graph.gm)
-    graph.refresh()
-    return build_problem(
-        graph.gm,
-        mesh,
-        parameters=graph.parameters,
-        gradients=graph.gradients,
-        inputs=graph.inputs,
-        buffers=graph.buffers,
-        loss=graph.loss,
-        module_path=graph.module_path,
-        repeat=repeat,
-        backward_start=graph.backward_start,
+def _built(captured: int | None):
+    """The problem the planner builds for the 7-layer model, captured whole or with ``captured`` layers."""
+    request = PlanRequest(
+        model="llama3-8b",
+        mesh="2x2",
+        batch=4,
+        seq=64,
+        layers=LAYERS,
+        captured_layers=captured,
+        options=SMALL_LLAMA,
     )
+    return _capture_and_build(request, make_mesh("2x2"), _layer_repeat(request), lambda _m: None, {})
 
 
 def test_short_capture_prices_the_replicated_step_like_the_whole_stack() -> None:
-    whole = _built(LAYERS, None)
-    short = _built(4, LayerRepeat(4, LAYERS))
+    whole = _built(None)
+    short = _built(4)
+    assert short.repeat == LayerRepeat(4, LAYERS) and whole.repeat is None
     assert len(short.nodes) < len(whole.nodes)
     whole_r, short_r = _all_replicate(whole), _all_replicate(short)
     assert total_cost(short.problem, short_r) == pytest.approx(total_cost(whole.problem, whole_r), rel=1e-9)
