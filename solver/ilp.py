@@ -66,6 +66,7 @@ class IntegerProgram:
     free_edges: np.ndarray  # int64[F, 2] super-node pairs of the edges with y variables
     memory_parts: sp.csr_matrix  # m[q] = memory_parts[q] . z  (for warm starts)
     build_seconds: dict[str, float]
+    memory_profile: MemoryProfile | None = None  # every memory row the problem could need, direct form
 
     @property
     def num_variables(self) -> int:
@@ -78,9 +79,13 @@ class IntegerProgram:
     def assignment(self, values: np.ndarray) -> np.ndarray:
         """The super-node assignment encoded by a column vector (argmax of each node's ``x``)."""
         chosen = np.zeros(len(self.x_offset), dtype=np.int64)
-        for k in np.flatnonzero(self.x_offset >= 0):
-            start = self.x_offset[k]
-            chosen[k] = int(np.argmax(values[start : start + self.strategy_counts[k]]))
+        free = np.flatnonzero(self.x_offset >= 0)
+        if len(free) == 0:
+            return chosen
+        counts = self.strategy_counts[free]
+        owner = np.repeat(np.arange(len(free)), counts)
+        order = np.lexsort((-values[: len(owner)], owner))  # by node, largest value first, stable
+        chosen[free] = order[np.searchsorted(owner[order], np.arange(len(free)))] - self.x_offset[free]
         return chosen
 
     def columns(self, assignment: np.ndarray) -> np.ndarray | None:
@@ -100,6 +105,69 @@ class IntegerProgram:
         if m_stop > m_start:
             values[m_start:m_stop] = self.memory_parts @ values
         return values
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryProfile:
+    """Every ``memory_cap`` row the problem could need (`binding_memory_times`), in direct form
+    ``sum_t sum_s (u_t[s] - min_s u_t) x[k(t), s] <= limit - base[r]`` (in `memory_unit`s), so that a
+    backend can check a solution -- fractional or not -- against all of them and add the ones it violates.
+    """
+
+    times: np.ndarray  # int64[R]
+    term_columns: sp.csr_matrix  # [T, columns]: each term's usage over its minimum, on its node's x columns
+    first: np.ndarray  # int64[T]: the first row the term is live at
+    stop: np.ndarray  # int64[T]: the row after its last
+    upper: np.ndarray  # float64[R]
+
+    def usage(self, values: np.ndarray) -> np.ndarray:
+        """The left-hand side of every row for the column vector ``values``."""
+        delta = np.zeros(len(self.times) + 1)
+        per_term = self.term_columns @ values
+        np.add.at(delta, self.first, per_term)
+        np.add.at(delta, self.stop, -per_term)
+        return np.cumsum(delta)[: len(self.times)]
+
+    def over(self, values: np.ndarray, tolerance: float = 1e-6) -> np.ndarray:
+        """Indices of the rows ``values`` exceeds by more than ``tolerance`` (relative), worst first."""
+        excess = self.usage(values) - self.upper
+        over = np.flatnonzero(excess > tolerance * np.maximum(1.0, np.abs(self.upper)))
+        return over[np.argsort(-excess[over], kind="stable")]
+
+    def rows(self, indices: np.ndarray) -> sp.csr_matrix:
+        """The rows ``indices`` as a sparse matrix over the program's columns."""
+        live = [np.flatnonzero((self.first <= r) & (self.stop > r)) for r in np.asarray(indices).tolist()]
+        sizes = [len(terms) for terms in live]
+        cover = sp.csr_matrix(
+            (
+                np.ones(sum(sizes)),
+                (np.repeat(np.arange(len(live)), sizes), np.concatenate([np.zeros(0, np.int64), *live])),
+            ),
+            shape=(len(live), self.term_columns.shape[0]),
+        )
+        return sp.csr_matrix(cover @ self.term_columns)
+
+
+def memory_profile(
+    problem: CompactProblem, free: np.ndarray, x_offset: np.ndarray, num_cols: int
+) -> MemoryProfile | None:
+    """The `MemoryProfile` of ``problem`` over the times `binding_memory_times` names (None: no row)."""
+    needed = binding_memory_times(problem)
+    if len(needed) == 0 or not any(u.max() > 0 for u in problem.term_usages):
+        return None
+    times, layout = _memory_layout(problem, needed)
+    varying = (layout.first < layout.stop) & free[layout.term_node] & (layout.usage_max > layout.usage_min)
+    terms = np.flatnonzero(varying)
+    unit = memory_unit(problem.usage_limit)
+    extra = [(layout.usages[t] - layout.usage_min[t]).astype(np.float64) / unit for t in terms.tolist()]
+    sizes = np.array([len(u) for u in extra], dtype=np.int64)
+    cols = np.repeat(x_offset[layout.term_node[terms]], sizes) + concatenated_ranges(sizes)
+    term_columns = sp.csr_matrix(
+        (np.concatenate(extra) if extra else np.zeros(0), (np.repeat(np.arange(len(terms)), sizes), cols)),
+        shape=(len(terms), num_cols),
+    )
+    upper = (int(problem.usage_limit or 0) - layout.base).astype(np.float64) / unit
+    return MemoryProfile(times, term_columns, layout.first[terms], layout.stop[terms], upper)
 
 
 def build_program(problem: CompactProblem, memory_times: np.ndarray | None = None) -> IntegerProgram:
@@ -174,6 +242,9 @@ def build_program(problem: CompactProblem, memory_times: np.ndarray | None = Non
     timings["matrix"] = time.perf_counter() - started
     col_families = {"x": (0, num_x), "y": (num_x, num_x + num_y), "m": (num_x + num_y, num_cols)}
     memory_parts = memory.parts if memory is not None else sp.csr_matrix((0, num_cols))
+    started = time.perf_counter()
+    profile = memory_profile(problem, free, x_offset, num_cols)
+    timings["memory_profile"] = time.perf_counter() - started
     return IntegerProgram(
         objective=np.concatenate([x_cost, edges.y_cost, np.zeros(num_m)]),
         constant=constant,
@@ -192,6 +263,7 @@ def build_program(problem: CompactProblem, memory_times: np.ndarray | None = Non
         free_edges=edges.free_edges,
         memory_parts=memory_parts,
         build_seconds=timings,
+        memory_profile=profile,
     )
 
 
@@ -307,25 +379,28 @@ def memory_row_times(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return points[:-1][starts_here & ends_next]
 
 
-def _memory_rows(
-    problem: CompactProblem,
-    free: np.ndarray,
-    x_offset: np.ndarray,
-    m_start: int,
-    memory_times: np.ndarray | None = None,
-) -> _MemoryRows | None:
-    """Memory rows over the maximal time steps (or ``memory_times``), terms shared through a segment tree."""
-    if problem.usage_limit is None or len(problem.term_node) == 0:
-        return None
-    if memory_times is not None and len(memory_times) == 0:
-        return None
+@dataclass(frozen=True)
+class _MemoryLayout:
+    """The memory terms that can use bytes, placed on a list of row times."""
+
+    term_node: np.ndarray  # int64[T]
+    usages: list[np.ndarray]
+    usage_min: np.ndarray  # int64[T]
+    usage_max: np.ndarray  # int64[T]
+    first: np.ndarray  # int64[T]: first row at or after the term's start
+    stop: np.ndarray  # int64[T]: first row at or after the term's end
+    base: np.ndarray  # int64[R]: the usage every assignment has at each row
+
+
+def _memory_layout(
+    problem: CompactProblem, memory_times: np.ndarray | None
+) -> tuple[np.ndarray, _MemoryLayout]:
+    """(row times, layout): the maximal time steps (or ``memory_times``) and the terms placed on them."""
     usage_max = np.array([u.max() for u in problem.term_usages], dtype=np.int64)
     keep = usage_max > 0
     term_node = problem.term_node[keep]
     intervals = problem.term_intervals[keep]
     usages = [u for u, k in zip(problem.term_usages, keep.tolist(), strict=True) if k]
-    if not usages:
-        return None
     times = memory_row_times(intervals[:, 0], intervals[:, 1])
     if memory_times is not None:
         times = np.unique(np.asarray(memory_times, dtype=np.int64))
@@ -338,8 +413,37 @@ def _memory_rows(
     np.add.at(base, first[covers], usage_min[covers])
     np.add.at(base, stop[covers], -usage_min[covers])
     base = np.cumsum(base)[:num_rows]
+    layout = _MemoryLayout(term_node, usages, usage_min, usage_max[keep], first, stop, base)
+    return times, layout
 
-    varying = covers & free[term_node] & (usage_max[keep] > usage_min)
+
+def _memory_rows(
+    problem: CompactProblem,
+    free: np.ndarray,
+    x_offset: np.ndarray,
+    m_start: int,
+    memory_times: np.ndarray | None = None,
+) -> _MemoryRows | None:
+    """Memory rows over the maximal time steps (or ``memory_times``), terms shared through a segment tree."""
+    if problem.usage_limit is None or len(problem.term_node) == 0:
+        return None
+    if memory_times is not None and len(memory_times) == 0:
+        return None
+    if not any(u.max() > 0 for u in problem.term_usages):
+        return None
+    times, layout = _memory_layout(problem, memory_times)
+    num_rows = len(times)
+    term_node, usages, usage_min, first, stop = (
+        layout.term_node,
+        layout.usages,
+        layout.usage_min,
+        layout.first,
+        layout.stop,
+    )
+    base = layout.base
+    covers = first < stop
+
+    varying = covers & free[term_node] & (layout.usage_max > usage_min)
     terms = np.flatnonzero(varying)
     size = 1 << max(1, math.ceil(math.log2(max(num_rows, 1))))
     term_of, segment_of = _segment_cover(first[terms] + size, stop[terms] + size)

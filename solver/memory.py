@@ -69,6 +69,7 @@ def smallest_peak(problem: CompactProblem, time_limit: float = 30.0, threads: in
         memory_parts=sp.hstack(
             [program.memory_parts, sp.csr_matrix((program.memory_parts.shape[0], 1))], "csr"
         ),
+        memory_profile=None,  # the rows' right-hand side is the peak column here, not a limit
     )
     result = HighsBackend().solve(peak_program, time_limit=time_limit, threads=threads)
     if result.status == INFEASIBLE:

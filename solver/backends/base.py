@@ -41,6 +41,9 @@ class Backend(Protocol):
     stop once its answer is within ``relative_gap`` of its bound."""
 
     name: str
+    #: True when the backend checks its answers -- and LP solutions -- against every row of the program's
+    #: `MemoryProfile` and adds the rows they violate itself: the program can then start without memory rows.
+    separates_memory: bool
 
     def solve(
         self,

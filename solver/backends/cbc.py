@@ -52,6 +52,7 @@ def cbc_path() -> str:
 
 class CbcBackend:
     name = "cbc"
+    separates_memory = False
 
     def solve(
         self,

@@ -44,6 +44,7 @@ def objective_scale(costs: np.ndarray) -> float:
 
 class CpSatBackend:
     name = "cpsat"
+    separates_memory = False
 
     def solve(
         self,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import heapq
+import logging
 import math
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 
 import highspy
 import numpy as np
+import scipy.sparse as sp
 
 from solver.backends.base import (
     FEASIBLE,
@@ -23,11 +27,18 @@ from solver.backends.base import (
 )
 from solver.ilp import IntegerProgram
 
+log = logging.getLogger(__name__)
+
 #: Largest distance from 0 or 1 at which an LP value of an ``x`` column still counts as integral.
 INTEGRAL_TOLERANCE = 1e-6
 #: Share of the time limit for the LP relaxation, and then for the program restricted to its support.
 RELAXATION_SHARE = 0.4
 SUPPORT_SHARE = 0.3
+#: Share of the time limit for branching on the relaxation, and the most LPs it solves.
+BRANCH_SHARE = 0.2
+BRANCH_MAX_LPS = 12
+#: Most violated memory rows added to an LP at a time (`_ExtraRows`).
+ROWS_PER_SEPARATION = 1
 
 
 class HighsBackend:
@@ -35,13 +46,17 @@ class HighsBackend:
 
     1. The LP relaxation (dual simplex without presolve: several times faster than the MIP root on these
        programs). When its ``x`` is integral, that answer is proven optimal and nothing else runs.
-    2. Otherwise the program restricted to the strategies the relaxation uses (plus the warm start's) is
-       solved as a MIP: a small program whose answer is usually close to the relaxation's bound. When the
-       best answer is within ``relative_gap`` of that bound, it is returned.
-    3. Otherwise the whole MIP, warm-started from the best answer, with the time that is left.
+    2. Otherwise a few branchings on the relaxation (`_branch`, best first, each child LP hot-started from
+       its parent's basis). Where the fractional part is one coherent choice -- a memory limit met by mixing
+       two placements of a repeated layer's weights -- one branching raises the bound most of the way to
+       the optimum. When the best answer is within ``relative_gap`` of the bound, it is returned.
+    3. Otherwise the program restricted to the strategies the relaxation uses (plus the warm start's) is
+       solved as a MIP: a small program whose answer is usually close to the relaxation's bound.
+    4. Otherwise the whole MIP, warm-started from the best answer, with the time that is left.
     """
 
     name = "highs"
+    separates_memory = True
 
     def solve(
         self,
@@ -61,16 +76,26 @@ class HighsBackend:
         relaxation = _relaxation(program, RELAXATION_SHARE * time_limit, threads)
         upper = program.col_upper
         if relaxation is not None:
-            bound, values, reduced_costs = relaxation
-            x = values[program.is_integer]
-            if np.abs(x - np.round(x)).max(initial=0.0) <= INTEGRAL_TOLERANCE:
+            bound, values, reduced_costs = relaxation.bound, relaxation.values, relaxation.reduced_costs
+            weight = _memory_weight(program)
+            if _fractional_node(program, values, weight) is None:
                 seconds = time.perf_counter() - started
                 if progress is not None:
                     progress(seconds, bound, bound)
                 return BackendResult(OPTIMAL, program.assignment(values), bound, bound, seconds, seconds)
             if progress is not None:
                 progress(time.perf_counter() - started, best.objective, bound)
-            upper = _fixed_by_reduced_cost(program, values, reduced_costs, bound, best)
+            if relative_gap > 0:  # with none, only the MIP can close the gap
+                branch_deadline = min(deadline, time.perf_counter() + BRANCH_SHARE * time_limit)
+                bound = max(bound, _branch(program, relaxation, best, relative_gap, branch_deadline, weight))
+            if progress is not None:
+                progress(time.perf_counter() - started, best.objective, bound)
+            if best.assignment is not None and _within(best.objective, bound, relative_gap, program):
+                seconds = time.perf_counter() - started
+                closed = best.objective - bound <= closing_gap(program, best.objective)
+                status = OPTIMAL if closed else FEASIBLE
+                return BackendResult(status, best.assignment, best.objective, bound, seconds, seconds)
+            upper = _fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
             answer = _run_mip(
                 program,
                 min(SUPPORT_SHARE * time_limit, deadline - time.perf_counter()),
@@ -78,10 +103,13 @@ class HighsBackend:
                 best.assignment,
                 relative_gap,
                 col_upper=np.minimum(upper, _support_upper(program, values, best.assignment)),
+                extra_rows=relaxation.extra_rows,
             )
             if answer.assignment is not None:
-                best.offer(answer.assignment, answer.objective)
-                upper = _fixed_by_reduced_cost(program, values, reduced_costs, bound, best)
+                columns = best.offer(answer.assignment)
+                if columns is not None:
+                    relaxation.extra_rows.add_violated(None, columns)
+                upper = _fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
             if progress is not None:
                 progress(time.perf_counter() - started, best.objective, bound)
             if best.assignment is not None and _within(best.objective, bound, relative_gap, program):
@@ -96,12 +124,13 @@ class HighsBackend:
             col_upper=upper,
             progress=progress,
             started=started,
+            extra_rows=relaxation.extra_rows if relaxation is not None else None,
         )
         if answer.status == INFEASIBLE:
             return answer
         bound = max(bound, answer.bound)
         if answer.assignment is not None:
-            best.offer(answer.assignment, answer.objective)
+            best.offer(answer.assignment)
         seconds = time.perf_counter() - started
         if best.assignment is None:
             return BackendResult.nothing(seconds, answer.status, bound)
@@ -119,25 +148,32 @@ class _Best:
     """The best assignment seen, with its objective (including the program's constant)."""
 
     def __init__(self, program: IntegerProgram, warm_start: np.ndarray | None) -> None:
+        self.program = program
         self.assignment: np.ndarray | None = None
         self.objective = math.inf
         if warm_start is not None:
-            columns = program.columns(warm_start)
-            if columns is not None and _satisfies(program, columns):
-                self.assignment = np.asarray(warm_start, dtype=np.int64)
-                self.objective = float(program.objective @ columns) + program.constant
+            self.offer(warm_start)
 
-    def offer(self, assignment: np.ndarray, objective: float) -> None:
+    def offer(self, assignment: np.ndarray) -> np.ndarray | None:
+        """Keep ``assignment`` if it satisfies every row (the memory profile's too) and costs less than the
+        best; its columns (None when it uses a missing pair)."""
+        columns = self.program.columns(assignment)
+        if columns is None or not _satisfies(self.program, columns):
+            return columns
+        objective = float(self.program.objective @ columns) + self.program.constant
         if objective < self.objective:
-            self.assignment, self.objective = assignment, objective
+            self.assignment, self.objective = np.asarray(assignment, dtype=np.int64), objective
+        return columns
 
 
 def _satisfies(program: IntegerProgram, columns: np.ndarray) -> bool:
     rows = program.matrix @ columns
     slack = 1e-6 * np.maximum(1.0, np.abs(rows))
     within_columns = np.all(columns <= program.col_upper + 1e-9)
+    within_memory = program.memory_profile is None or len(program.memory_profile.over(columns)) == 0
     return bool(
         within_columns
+        and within_memory
         and np.all(rows >= program.row_lower - slack)
         and np.all(rows <= program.row_upper + slack)
     )
@@ -156,8 +192,10 @@ def _run_mip(
     col_upper: np.ndarray | None = None,
     progress: ProgressSink | None = None,
     started: float | None = None,
+    extra_rows: _ExtraRows | None = None,
 ) -> BackendResult:
-    """HiGHS branch-and-bound on ``program`` (with ``col_upper`` instead of its upper bounds, if given)."""
+    """HiGHS branch-and-bound on ``program`` (with ``col_upper`` instead of its upper bounds, if given, and
+    the memory rows ``extra_rows`` added)."""
     begun = time.perf_counter()
     highs = quiet_highs()
     highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
@@ -165,7 +203,7 @@ def _run_mip(
     highs.setOptionValue("mip_abs_gap", 0.999 if integral_objective(program) else 1e-9)
     highs.setOptionValue("random_seed", 0)
     _use_threads(highs, threads)
-    lp = _to_highs_lp(program)
+    lp = _to_highs_lp(program, extra_rows)
     if col_upper is not None:
         lp.col_upper_ = np.where(np.isinf(col_upper), highspy.kHighsInf, col_upper)
     highs.passModel(lp)
@@ -209,6 +247,7 @@ def _run_mip(
                 col_upper,
                 progress,
                 started,
+                extra_rows,
             )
         return BackendResult(FEASIBLE, assignment, objective, bound, seconds, seconds)
     status = OPTIMAL if model_status == highspy.HighsModelStatus.kOptimal else FEASIBLE
@@ -251,25 +290,259 @@ def _fixed_by_reduced_cost(
     return upper
 
 
-def _relaxation(
-    program: IntegerProgram, time_limit: float, threads: int
-) -> tuple[float, np.ndarray, np.ndarray] | None:
-    """(bound, column values, reduced costs) of the LP relaxation solved to optimality, else None."""
+class _ExtraRows:
+    """Memory rows of the program's `MemoryProfile` added to the LP because a solution violated them."""
+
+    def __init__(self, program: IntegerProgram) -> None:
+        self.profile = program.memory_profile
+        self.indices: list[int] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.indices)
+
+    def matrix(self) -> sp.csr_matrix:
+        assert self.profile is not None
+        return self.profile.rows(np.asarray(self.indices, dtype=np.int64))
+
+    def upper(self) -> np.ndarray:
+        assert self.profile is not None
+        return self.profile.upper[np.asarray(self.indices, dtype=np.int64)]
+
+    def add_violated(self, highs: highspy.Highs | None, values: np.ndarray) -> int:
+        """Add up to `ROWS_PER_SEPARATION` of the memory rows ``values`` violates, worst first, to these
+        rows and to ``highs`` if given (its basis stays valid: each new row's slack is basic); how many."""
+        if self.profile is None:
+            return 0
+        over = [r for r in self.profile.over(values).tolist() if r not in self.indices]
+        new = np.asarray(over[:ROWS_PER_SEPARATION], dtype=np.int64)
+        if len(new) == 0:
+            return 0
+        self.indices.extend(new.tolist())
+        if highs is None:
+            return len(new)
+        rows = self.profile.rows(new)
+        highs.addRows(
+            len(new),
+            np.full(len(new), -highspy.kHighsInf),
+            self.profile.upper[new],
+            rows.nnz,
+            rows.indptr.astype(np.int32),
+            rows.indices.astype(np.int32),
+            rows.data.astype(np.float64),
+        )
+        return len(new)
+
+
+@dataclass
+class _Relaxation:
+    """The LP relaxation solved to optimality, with the solver holding its basis (for hot starts), and the
+    memory rows it needed beyond the program's."""
+
+    highs: highspy.Highs
+    bound: float
+    values: np.ndarray
+    reduced_costs: np.ndarray
+    extra_rows: _ExtraRows
+
+
+def _relaxation(program: IntegerProgram, time_limit: float, threads: int) -> _Relaxation | None:
+    """The LP relaxation solved to optimality over every memory row of the program's profile (those it
+    violates are added and the LP re-solved from its basis, `_solve_separating`), else None."""
     highs = quiet_highs()
-    highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
     highs.setOptionValue("presolve", "off")
     highs.setOptionValue("solver", "simplex")
+    # The serial dual simplex: HiGHS's parallel one (SIP, 2 threads) took 1.9-7.6 s for the same 25k
+    # iterations on an 80-layer llama program when another process shared the 2 cores, the serial one 1.9-2.6.
     _use_threads(highs, threads)
     lp = _to_highs_lp(program)
     lp.integrality_ = []
     highs.passModel(lp)
-    if highs.run() == highspy.HighsStatus.kError:
+    extra_rows = _ExtraRows(program)
+    _ended, values = _solve_separating(highs, extra_rows, time.perf_counter() + time_limit)
+    if values is None:
         return None
-    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+    reduced_costs = np.asarray(highs.getSolution().col_dual)
+    bound = float(highs.getObjectiveValue()) + program.constant
+    return _Relaxation(highs, bound, values, reduced_costs, extra_rows)
+
+
+#: How `_solve_separating` ended.
+_SOLVED, _CUT_OFF, _INFEASIBLE, _UNSOLVED = "solved", "cut off", "infeasible", "unsolved"
+
+
+def _solve_separating(
+    highs: highspy.Highs, extra_rows: _ExtraRows, deadline: float, cutoff: float = math.inf
+) -> tuple[str, np.ndarray | None]:
+    """Solve the LP in ``highs``, adding violated memory rows and re-solving until none is: (how it ended,
+    the column values when solved). With a finite ``cutoff`` (in HiGHS's objective, without the program's
+    constant) the dual simplex stops once its objective -- a proven bound -- exceeds it (`_CUT_OFF`)."""
+    highs.setOptionValue("objective_bound", cutoff if math.isfinite(cutoff) else highspy.kHighsInf)
+    while True:
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return _UNSOLVED, None
+        highs.setOptionValue("time_limit", highs.getRunTime() + remaining)  # HiGHS's clock adds up runs
+        if highs.run() == highspy.HighsStatus.kError:
+            return _UNSOLVED, None
+        model_status = highs.getModelStatus()
+        if model_status == highspy.HighsModelStatus.kObjectiveBound:
+            return _CUT_OFF, None
+        if model_status == highspy.HighsModelStatus.kInfeasible:
+            return _INFEASIBLE, None
+        if model_status != highspy.HighsModelStatus.kOptimal:
+            return _UNSOLVED, None
+        values = np.asarray(highs.getSolution().col_value)
+        added = extra_rows.add_violated(highs, values)
+        log.debug("LP %.2f s, %d memory rows added", highs.getRunTime(), added)
+        if added == 0:
+            return _SOLVED, values
+
+
+def _memory_weight(program: IntegerProgram) -> np.ndarray:
+    """Per ``x`` column: the memory its strategy uses over the node's least, summed over the node's terms."""
+    x_start, x_stop = program.col_families["x"]
+    profile = program.memory_profile
+    usage = profile.term_columns if profile is not None else program.memory_parts
+    return np.asarray(abs(usage).sum(axis=0)).ravel()[x_start:x_stop]
+
+
+def _fractional_node(program: IntegerProgram, values: np.ndarray, weight: np.ndarray) -> int | None:
+    """The super node to branch on in an LP solution, None when its ``x`` is integral.
+
+    Among nodes with a fractional ``x``, the one whose used strategies differ most in memory (``weight``,
+    `_memory_weight`; ties and programs without memory rows: the most fractional), since a memory limit
+    met by mixing placements is what keeps these relaxations fractional.
+    """
+    x_start, x_stop = program.col_families["x"]
+    x = values[x_start:x_stop]
+    fractional = (x > INTEGRAL_TOLERANCE) & (x < 1.0 - INTEGRAL_TOLERANCE)
+    if not fractional.any():
         return None
-    solution = highs.getSolution()
-    values, reduced_costs = np.asarray(solution.col_value), np.asarray(solution.col_dual)
-    return float(highs.getObjectiveValue()) + program.constant, values, reduced_costs
+    free = np.flatnonzero(program.x_offset >= 0)
+    owner = np.repeat(free, program.strategy_counts[free])
+    used = x > INTEGRAL_TOLERANCE
+    heaviest = np.full(len(program.x_offset), -np.inf)
+    lightest = np.full(len(program.x_offset), np.inf)
+    largest = np.zeros(len(program.x_offset))
+    np.maximum.at(heaviest, owner[used], weight[used])
+    np.minimum.at(lightest, owner[used], weight[used])
+    np.maximum.at(largest, owner, x)
+    candidates = np.unique(owner[fractional])
+    swing, spread = heaviest[candidates] - lightest[candidates], 1.0 - largest[candidates]
+    return int(candidates[np.lexsort((spread, swing))[-1]])
+
+
+def _padded(basis: highspy.HighsBasis, num_rows: int) -> highspy.HighsBasis:
+    """``basis`` for an LP with rows added since (their slacks basic)."""
+    missing = num_rows - len(basis.row_status)
+    if missing <= 0:
+        return basis
+    padded = highspy.HighsBasis()
+    padded.valid, padded.alien = basis.valid, basis.alien
+    padded.col_status = basis.col_status
+    padded.row_status = [*basis.row_status, *([highspy.HighsBasisStatus.kBasic] * missing)]
+    return padded
+
+
+def _drop_slack_memory_rows(highs: highspy.Highs, program: IntegerProgram) -> None:
+    """Delete the program's ``memory_cap`` rows that are slack in the current basis (their slack basic).
+
+    With fewer rows every child LP is faster. The basis stays valid (each deleted row takes its basic slack
+    with it), and an LP with fewer rows is a relaxation, so every bound found after stays valid; answers are
+    still checked against every row of ``program`` and its memory profile.
+    """
+    if "memory_cap" not in program.row_families:
+        return
+    cap_start, cap_stop = program.row_families["memory_cap"]
+    status = highs.getBasis().row_status
+    basic = highspy.HighsBasisStatus.kBasic
+    slack = [row for row in range(cap_start, cap_stop) if status[row] == basic]
+    if slack:
+        highs.deleteRows(len(slack), np.asarray(slack, dtype=np.int32))
+
+
+@dataclass(order=True)
+class _Subproblem:
+    bound: float
+    order: int
+    x_upper: np.ndarray = field(compare=False)
+    values: np.ndarray | None = field(compare=False)
+    basis: highspy.HighsBasis = field(compare=False)
+
+
+def _branch(
+    program: IntegerProgram,
+    relaxation: _Relaxation,
+    best: _Best,
+    relative_gap: float,
+    deadline: float,
+    weight: np.ndarray,
+) -> float:
+    """A proven bound from best-first branch-and-bound on the relaxation, for at most `BRANCH_MAX_LPS` LPs.
+
+    A subproblem's ``x`` is branched on `_fractional_node`'s strategy of largest value: one child takes it,
+    the other forbids it. Each child LP starts from its parent's basis (a few bound changes: dual simplex
+    from a dual-feasible basis) and stops as soon as its dual objective proves it holds nothing more than
+    ``relative_gap`` better than the best answer (`_cutoff`). Integral children, and children's argmax
+    roundings that fit every row, are offered to ``best``. The bound is the smallest LP value still open or
+    cut off (or the best answer when none is).
+    """
+    highs = relaxation.highs
+    _drop_slack_memory_rows(highs, program)
+    x_start, x_stop = program.col_families["x"]
+    x_columns = np.arange(x_start, x_stop, dtype=np.int32)
+    x_lower = np.zeros(x_stop - x_start)
+    root = _Subproblem(
+        relaxation.bound, 0, program.col_upper[x_start:x_stop].copy(), relaxation.values, highs.getBasis()
+    )
+    heap = [root]
+    cut_off = math.inf  # the smallest bound of the subproblems cut off (within the gap of the best answer)
+    solved = 0
+    while heap:
+        node = heap[0]
+        if best.assignment is not None and _within(best.objective, node.bound, relative_gap, program):
+            break
+        k = _fractional_node(program, node.values, weight) if node.values is not None else None
+        if k is None or solved >= BRANCH_MAX_LPS or time.perf_counter() >= deadline:
+            break
+        heapq.heappop(heap)
+        start = program.x_offset[k]
+        chosen = start + int(np.argmax(node.values[start : start + program.strategy_counts[k]]))
+        take = node.x_upper.copy()
+        take[start - x_start : start - x_start + program.strategy_counts[k]] = 0.0
+        take[chosen - x_start] = node.x_upper[chosen - x_start]
+        forbid = node.x_upper.copy()
+        forbid[chosen - x_start] = 0.0
+        for x_upper in (take, forbid):
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                heapq.heappush(heap, _Subproblem(node.bound, solved + 1, x_upper, None, node.basis))
+                continue
+            highs.changeColsBounds(len(x_columns), x_columns, x_lower, x_upper)
+            highs.setBasis(_padded(node.basis, highs.getNumRow()))
+            cutoff = _cutoff(best, relative_gap, program) - program.constant
+            ended, values = _solve_separating(highs, relaxation.extra_rows, deadline, cutoff)
+            solved += 1
+            value = max(node.bound, float(highs.getObjectiveValue()) + program.constant)
+            if ended == _CUT_OFF:
+                cut_off = min(cut_off, value)
+                continue
+            if values is None:
+                if ended != _INFEASIBLE:
+                    heapq.heappush(heap, _Subproblem(node.bound, solved, x_upper, None, node.basis))
+                continue
+            best.offer(program.assignment(values))
+            if _fractional_node(program, values, weight) is not None:
+                heapq.heappush(heap, _Subproblem(value, solved, x_upper, values, highs.getBasis()))
+    return min(heap[0].bound if heap else math.inf, cut_off, best.objective)
+
+
+def _cutoff(best: _Best, relative_gap: float, program: IntegerProgram) -> float:
+    """The bound above which a subproblem holds nothing more than ``relative_gap`` better than the best."""
+    if best.assignment is None:
+        return math.inf
+    return best.objective - max(relative_gap * abs(best.objective), closing_gap(program, best.objective))
 
 
 #: HiGHS keeps one global thread scheduler per process; its size can change only after a reset.
@@ -299,19 +572,23 @@ def quiet_highs() -> highspy.Highs:
     return highs
 
 
-def _to_highs_lp(program: IntegerProgram) -> highspy.HighsLp:
-    matrix = program.matrix
+def _to_highs_lp(program: IntegerProgram, extra_rows: _ExtraRows | None = None) -> highspy.HighsLp:
+    matrix, row_lower, row_upper = program.matrix, program.row_lower, program.row_upper
+    if extra_rows is not None and extra_rows.count:
+        matrix = sp.vstack([matrix, extra_rows.matrix()], format="csr")
+        row_upper = np.concatenate([row_upper, extra_rows.upper()])
+        row_lower = np.concatenate([row_lower, np.full(extra_rows.count, -np.inf)])
     lp = highspy.HighsLp()
     lp.num_col_ = program.num_variables
-    lp.num_row_ = program.num_constraints
+    lp.num_row_ = matrix.shape[0]
     lp.col_cost_ = program.objective
     lp.col_lower_ = program.col_lower
     lp.col_upper_ = np.where(np.isinf(program.col_upper), highspy.kHighsInf, program.col_upper)
-    lp.row_lower_ = np.where(np.isinf(program.row_lower), -highspy.kHighsInf, program.row_lower)
-    lp.row_upper_ = np.where(np.isinf(program.row_upper), highspy.kHighsInf, program.row_upper)
+    lp.row_lower_ = np.where(np.isinf(row_lower), -highspy.kHighsInf, row_lower)
+    lp.row_upper_ = np.where(np.isinf(row_upper), highspy.kHighsInf, row_upper)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
     lp.a_matrix_.num_col_ = program.num_variables
-    lp.a_matrix_.num_row_ = program.num_constraints
+    lp.a_matrix_.num_row_ = matrix.shape[0]
     lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
     lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
     lp.a_matrix_.value_ = matrix.data.astype(np.float64)
