@@ -101,7 +101,7 @@ def strategies_command(
         str, typer.Option(help="dtype of --shapes tensors, and of --args tensors without one")
     ] = "float32",
     axis_names: Annotated[str | None, typer.Option("--axis-names", help="e.g. dp,tp")] = None,
-    hardware: Annotated[str, typer.Option(help="h100, a100, b200, cpu, or a .json/.yaml file")] = "h100",
+    hardware: Annotated[str, typer.Option(help="h100, h200, a100, b200, cpu or a .json/.yaml file")] = "h100",
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
 ) -> None:
     """List an op's sharding strategies on a mesh, with compute, memory and redistribution costs.
@@ -133,7 +133,7 @@ def plan_command(
     out: Annotated[Path, typer.Option(help="write the plan JSON here")],
     axis_names: Annotated[str | None, typer.Option("--axis-names", help="e.g. dp,tp")] = None,
     memory_gib: Annotated[float | None, typer.Option("--memory-gib", help="per-device budget, GiB")] = None,
-    hardware: Annotated[str, typer.Option(help="h100, a100, b200, cpu, or a .json/.yaml file")] = "h100",
+    hardware: Annotated[str, typer.Option(help="h100, h200, a100, b200, cpu or a .json/.yaml file")] = "h100",
     batch: Annotated[int | None, typer.Option(help="global batch", min=1)] = None,
     seq: Annotated[int | None, typer.Option(help="sequence length", min=1)] = None,
     layers: Annotated[int | None, typer.Option(help="override the model's depth", min=1)] = None,

@@ -17,6 +17,7 @@ from typing import Any
 from strategies.hashing import HashOnce
 
 GB = 1e9
+GIB = 2**30
 TFLOPS = 1e12
 
 
@@ -74,13 +75,13 @@ class Hardware(HashOnce):
 
 
 def _gpu(
-    name: str, bf16: float, fp32: float, fp8: float, hbm: float, mem_gb: float, nvlink: float, ib: float
+    name: str, bf16: float, fp32: float, fp8: float, hbm: float, memory: float, nvlink: float, ib: float
 ) -> Hardware:
     return Hardware(
         name=name,
         peak_flops={"bfloat16": bf16, "float16": bf16, "float32": fp32, "float64": fp32 / 2, "float8": fp8},
         memory_bandwidth=hbm,
-        memory_bytes=int(mem_gb * 2**30),
+        memory_bytes=int(memory),
         node_size=8,
         intra_node=Link(bandwidth=nvlink, latency=2e-6),
         inter_node=Link(bandwidth=ib, latency=8e-6),
@@ -91,12 +92,15 @@ def _gpu(
 PRESETS: dict[str, Hardware] = {
     # H100 SXM: 989 TFLOP/s bf16 dense, 67 fp32 (no TF32), 1979 fp8; 3.35 TB/s HBM3; NVLink 4 450 GB/s
     # per direction; 400 Gb/s InfiniBand NDR per GPU.
-    "h100": _gpu("h100", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 3.35e12, 80, 450 * GB, 50 * GB),
+    "h100": _gpu("h100", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 3.35e12, 80 * GIB, 450 * GB, 50 * GB),
+    # H200 SXM: the H100's compute with 141 GB (141e9 bytes) of HBM3e at 4.8 TB/s; NVLink 4 and
+    # InfiniBand as h100.
+    "h200": _gpu("h200", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 4.8e12, 141 * GB, 450 * GB, 50 * GB),
     # A100 SXM 80GB: 312 bf16, 19.5 fp32; 2.0 TB/s; NVLink 3 300 GB/s per direction; 200 Gb/s HDR.
-    "a100": _gpu("a100", 312 * TFLOPS, 19.5 * TFLOPS, 312 * TFLOPS, 2.04e12, 80, 300 * GB, 25 * GB),
+    "a100": _gpu("a100", 312 * TFLOPS, 19.5 * TFLOPS, 312 * TFLOPS, 2.04e12, 80 * GIB, 300 * GB, 25 * GB),
     # B200: 2250 bf16 dense, 80 fp32, 4500 fp8; 8 TB/s HBM3e; NVLink 5 900 GB/s per direction;
     # 800 Gb/s per GPU.
-    "b200": _gpu("b200", 2250 * TFLOPS, 80 * TFLOPS, 4500 * TFLOPS, 8.0e12, 180, 900 * GB, 100 * GB),
+    "b200": _gpu("b200", 2250 * TFLOPS, 80 * TFLOPS, 4500 * TFLOPS, 8.0e12, 180 * GIB, 900 * GB, 100 * GB),
     # A CPU host running gloo over loopback, like this development machine.
     "cpu": Hardware(
         name="cpu",
@@ -117,7 +121,8 @@ class HardwareError(ValueError):
 
 
 def get_hardware(name_or_path: str | Hardware) -> Hardware:
-    """A preset by name (``h100``, ``a100``, ``b200``, ``cpu``) or a JSON/YAML file (see load_hardware)."""
+    """A preset by name (``h100``, ``h200``, ``a100``, ``b200``, ``cpu``) or a JSON/YAML file (see
+    load_hardware)."""
     if isinstance(name_or_path, Hardware):
         return name_or_path
     if name_or_path in PRESETS:

@@ -62,6 +62,9 @@ class ProblemNode:
     outputs: tuple[TensorMeta | None, ...]
     compute_s: np.ndarray
     memory_bytes: np.ndarray
+    call: tuple[tuple, dict] | None = None
+    """An op node's ``(args, kwargs)`` with tensors as :class:`TensorMeta` (global shapes), as
+    ``op_strategies`` read them; ``None`` for other kinds."""
 
 
 @dataclass
@@ -231,6 +234,7 @@ def build_problem(
             outputs=strategies.outputs,
             compute_s=strategies.compute_s,
             memory_bytes=strategies.memory_bytes,
+            call=call,
         )
         index_of[node] = b.add_node(pn, position[node], _alive_until(node, last_use) + 1)
     strategies_s = time.perf_counter() - strategies_s
