@@ -74,7 +74,9 @@ def empty_program_result(program: IntegerProgram) -> BackendResult | None:
     """The answer for a program without variables (every node constant), which some solvers refuse."""
     if program.num_variables:
         return None
-    if np.any(program.row_lower > 1e-9) or np.any(program.row_upper < -1e-9):
+    profile = program.memory_profile
+    overflows = profile is not None and len(profile.over(np.zeros(0))) > 0
+    if np.any(program.row_lower > 1e-9) or np.any(program.row_upper < -1e-9) or overflows:
         return BackendResult.nothing(0.0, INFEASIBLE, math.inf)
     assignment = np.zeros(len(program.x_offset), dtype=np.int64)
     return BackendResult(OPTIMAL, assignment, program.constant, program.constant, 0.0, 0.0)

@@ -39,6 +39,8 @@ BRANCH_SHARE = 0.2
 BRANCH_MAX_LPS = 12
 #: Most violated memory rows added to an LP at a time (`_ExtraRows`).
 ROWS_PER_SEPARATION = 1
+#: HiGHS's ``simplex_strategy`` values: the serial dual simplex, the parallel one (SIP).
+SIMPLEX_DUAL, SIMPLEX_PARALLEL_DUAL = 1, 2
 
 
 class HighsBackend:
@@ -344,6 +346,7 @@ class _Relaxation:
     values: np.ndarray
     reduced_costs: np.ndarray
     extra_rows: _ExtraRows
+    threads: int
 
 
 def _relaxation(program: IntegerProgram, time_limit: float, threads: int) -> _Relaxation | None:
@@ -352,19 +355,17 @@ def _relaxation(program: IntegerProgram, time_limit: float, threads: int) -> _Re
     highs = quiet_highs()
     highs.setOptionValue("presolve", "off")
     highs.setOptionValue("solver", "simplex")
-    # The serial dual simplex: HiGHS's parallel one (SIP, 2 threads) took 1.9-7.6 s for the same 25k
-    # iterations on an 80-layer llama program when another process shared the 2 cores, the serial one 1.9-2.6.
     _use_threads(highs, threads)
     lp = _to_highs_lp(program)
     lp.integrality_ = []
     highs.passModel(lp)
     extra_rows = _ExtraRows(program)
-    _ended, values = _solve_separating(highs, extra_rows, time.perf_counter() + time_limit)
+    _ended, values = _solve_separating(highs, extra_rows, time.perf_counter() + time_limit, threads)
     if values is None:
         return None
     reduced_costs = np.asarray(highs.getSolution().col_dual)
     bound = float(highs.getObjectiveValue()) + program.constant
-    return _Relaxation(highs, bound, values, reduced_costs, extra_rows)
+    return _Relaxation(highs, bound, values, reduced_costs, extra_rows, threads)
 
 
 #: How `_solve_separating` ended.
@@ -372,13 +373,21 @@ _SOLVED, _CUT_OFF, _INFEASIBLE, _UNSOLVED = "solved", "cut off", "infeasible", "
 
 
 def _solve_separating(
-    highs: highspy.Highs, extra_rows: _ExtraRows, deadline: float, cutoff: float = math.inf
+    highs: highspy.Highs, extra_rows: _ExtraRows, deadline: float, threads: int, cutoff: float = math.inf
 ) -> tuple[str, np.ndarray | None]:
     """Solve the LP in ``highs``, adding violated memory rows and re-solving until none is: (how it ended,
     the column values when solved). With a finite ``cutoff`` (in HiGHS's objective, without the program's
-    constant) the dual simplex stops once its objective -- a proven bound -- exceeds it (`_CUT_OFF`)."""
+    constant) the dual simplex stops once its objective -- a proven bound -- exceeds it (`_CUT_OFF`).
+
+    Without memory rows the serial dual simplex runs: the LP is hyper-sparse, and HiGHS's parallel one (SIP)
+    gained nothing there and took 1.9-46 s for the same 25k iterations (serial: 1.9-2.6 s) when another
+    process shared the 2 cores. A memory row couples every node and makes each iteration ~10x dearer; there
+    SIP is faster (re-solve of an 80-layer llama program: 1.7-2.1 s vs 2.6-3.4 s).
+    """
     highs.setOptionValue("objective_bound", cutoff if math.isfinite(cutoff) else highspy.kHighsInf)
     while True:
+        coupled = extra_rows.count > 0 and threads > 1
+        highs.setOptionValue("simplex_strategy", SIMPLEX_PARALLEL_DUAL if coupled else SIMPLEX_DUAL)
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             return _UNSOLVED, None
@@ -522,9 +531,12 @@ def _branch(
             highs.changeColsBounds(len(x_columns), x_columns, x_lower, x_upper)
             highs.setBasis(_padded(node.basis, highs.getNumRow()))
             cutoff = _cutoff(best, relative_gap, program) - program.constant
-            ended, values = _solve_separating(highs, relaxation.extra_rows, deadline, cutoff)
+            ended, values = _solve_separating(
+                highs, relaxation.extra_rows, deadline, relaxation.threads, cutoff
+            )
             solved += 1
             value = max(node.bound, float(highs.getObjectiveValue()) + program.constant)
+            log.debug("branch LP %d: %s, %.6g, %.2f s", solved, ended, value, highs.getRunTime())
             if ended == _CUT_OFF:
                 cut_off = min(cut_off, value)
                 continue
