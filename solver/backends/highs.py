@@ -551,10 +551,14 @@ def _branch(
 
 
 def _cutoff(best: _Best, relative_gap: float, program: IntegerProgram) -> float:
-    """The bound above which a subproblem holds nothing more than ``relative_gap`` better than the best."""
+    """The bound above which a subproblem is dropped: it holds nothing more than half of ``relative_gap``
+    better than the best answer. Half, because a child solved to the end offers its rounding: on the
+    80-layer llama program, cutting children off at the whole gap left the heuristic's answer (0.4% above
+    the optimum, and above the Megatron baseline); solved, a child's rounding came within 0.07%."""
     if best.assignment is None:
         return math.inf
-    return best.objective - max(relative_gap * abs(best.objective), closing_gap(program, best.objective))
+    allowed = max(relative_gap * abs(best.objective) / 2, closing_gap(program, best.objective))
+    return best.objective - allowed
 
 
 #: HiGHS keeps one global thread scheduler per process; its size can change only after a reset.
