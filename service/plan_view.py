@@ -16,6 +16,8 @@ def summary(plan: dict[str, Any]) -> str:
     lines += ["", f"inputs: {', '.join(_spec(s) for s in plan['inputs'])}", ""]
     lines += _time_lines(plan["predicted"])
     lines += ["", _memory_line(plan), _certificate_line(plan["solver"])]
+    for warning in plan.get("warnings", []):
+        lines.append(f"warning: {warning}")
     timings = plan.get("timings")
     if timings:
         lines.append("phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))

@@ -27,6 +27,10 @@ Constraints, one family per function:
   memory row ``r``, ``base[r]`` being the constant usage at ``r`` (constant nodes and every term's minimum).
 
 Every cost is in the problem's unit (seconds for plans, integers for IOPDDL); usages in bytes.
+
+Each program also carries its `MemoryProfile`: every ``memory_cap`` row the problem could need, in direct
+form (``sum_t sum_s (u_t[s] - min u_t) x[k(t), s] <= limit - base[r]``, no ``m``), so that a backend that
+solves the relaxation itself (HiGHS) can start without memory rows and add the ones its LP solutions violate.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Pipeline: `reductions.reduce` -> `compact` (groups become super nodes) -> `heuri
 feasible incumbent in seconds; before a whole-program backend it stops once stale) -> then, by size:
 
 - the whole program (`_solve_whole`): `ilp.build_program` with memory rows added lazily (only steps some
-  assignment could overflow, then the steps an answer violates) + a backend warm-started from the incumbent;
+  assignment could overflow, then the steps an answer violates; HiGHS starts with none and separates the
+  rows its LP solutions violate from the program's `MemoryProfile`) + a backend warm-started from the
+  incumbent;
 - too large for that, few nodes (`solver.pruned`): TRW-S bound and beliefs, the program over each node's
   best strategies solved whole, then large neighbourhood search if the gap is still open;
 - too large, many nodes: large neighbourhood search (`solver.lns`);

@@ -77,6 +77,7 @@ def make_plan(
             "constraints": result.constraints,
         },
         "request": request or {},
+        "warnings": built.warnings(),
         **(
             {}
             if built.repeat is None

@@ -65,6 +65,9 @@ class ProblemNode:
     call: tuple[tuple, dict] | None = None
     """An op node's ``(args, kwargs)`` with tensors as :class:`TensorMeta` (global shapes), as
     ``op_strategies`` read them; ``None`` for other kinds."""
+    rules: str = ""
+    """Where an op node's strategies came from: ``autoshard`` rules, ``pytorch``'s DTensor rules, or
+    ``replicate`` (no rule: all-replicate only)."""
 
 
 @dataclass
@@ -91,6 +94,18 @@ class BuiltProblem:
     edge_weight: np.ndarray | None = None
     """How many times each edge's redistribution counts in the step, else 1."""
     repeat: LayerRepeat | None = None
+
+    def warnings(self) -> list[str]:
+        """What the plan cannot do well, a line per cause: ops without a sharding rule (replicated)."""
+        unplaced: dict[str, list[str]] = {}
+        for node in self.nodes:
+            if node.kind == "op" and node.rules == "replicate":
+                unplaced.setdefault(str(node.op), []).append(node.name)
+        return [
+            f"no sharding strategy for {op}: {len(names)} node(s) replicated ({', '.join(names[:3])}"
+            + (", ...)" if len(names) > 3 else ")")
+            for op, names in sorted(unplaced.items())
+        ]
 
     def node_weights(self) -> np.ndarray:
         return np.ones(len(self.nodes)) if self.node_weight is None else self.node_weight
@@ -235,6 +250,7 @@ def build_problem(
             compute_s=strategies.compute_s,
             memory_bytes=strategies.memory_bytes,
             call=call,
+            rules=strategies.source,
         )
         index_of[node] = b.add_node(pn, position[node], _alive_until(node, last_use) + 1)
     strategies_s = time.perf_counter() - strategies_s

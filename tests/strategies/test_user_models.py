@@ -135,6 +135,11 @@ def test_a_custom_op_without_rules_is_replicated_with_a_warning_naming_it(caplog
     nodes = [n for n in result["nodes"] if n["op"] == CUSTOM_OP]
     assert len(nodes) == 1
     assert nodes[0]["output"] == [["R"]] and nodes[0]["inputs"] == [["R"]]
+    # the plan says so too, also when the strategies come from the cache (a service's second plan)
+    again = plan("custom_op", "4")
+    for planned in (result, again):
+        assert [w for w in planned["warnings"] if CUSTOM_OP in w and "replicated" in w], planned["warnings"]
+        assert len(planned["warnings"]) == 1, planned["warnings"]
 
 
 def test_a_factory_file_is_imported_once_per_version(tmp_path: Path) -> None:
