@@ -67,6 +67,10 @@ HEURISTIC_PATIENCE = 1.0
 #: ... where an improvement counts only when it is at least this share of the cost (below the gaps plans ask
 #: for: on the 32-layer llama program, gains of ~0.01% kept the heuristic going for 5.9 s instead of 1.5).
 HEURISTIC_MIN_GAIN = 1e-3
+#: ... and at least this long without one (index: whether the backend solves the relaxation first, HiGHS).
+#: A relaxation-first backend needs the incumbent only as a fallback and a cut-off: 2.5 of 2.7 s of the
+#: solve of llama3-8b on a mesh of 64 went to the heuristic with a 1 s wait.
+HEURISTIC_QUIET_S = {False: 1.0, True: 0.25}
 #: Memory rows the first whole program gets: steps the incumbent fills to this share of the limit.
 LAZY_MEMORY_START = 0.9
 #: Solve modes: the whole program, the heuristic alone, the heuristic then region-by-region search.
@@ -147,7 +151,8 @@ def solve(
     share = heuristic_share if heuristic_share is not None else _heuristic_share(core, mode)
     budget = max(0.5, share * (work_deadline - time.perf_counter()))
 
-    stagnation = _Stagnation(time.perf_counter())
+    relaxation_first = mode == FULL and get_backend(engine).separates_memory
+    stagnation = _Stagnation(time.perf_counter(), HEURISTIC_QUIET_S[relaxation_first])
 
     def on_incumbent(cost: float, _assignment: np.ndarray) -> None:
         stagnation.improved(cost)
@@ -483,13 +488,14 @@ def program_size(core: CompactProblem) -> int:
 
 class _Stagnation:
     """Before a backend takes the whole program, the heuristic only needs a good warm start: it stops once it
-    has gone `HEURISTIC_PATIENCE` times as long as its last improvement took (at least a second) without
-    improving by `HEURISTIC_MIN_GAIN` or more."""
+    has gone `HEURISTIC_PATIENCE` times as long as its last improvement took (at least ``quiet`` seconds)
+    without improving by `HEURISTIC_MIN_GAIN` or more."""
 
-    def __init__(self, started: float) -> None:
+    def __init__(self, started: float, quiet: float) -> None:
         self.started = started
         self.last = started
         self.cost = math.inf
+        self.quiet = quiet
 
     def improved(self, cost: float) -> None:
         if cost < self.cost - HEURISTIC_MIN_GAIN * abs(cost):
@@ -497,7 +503,7 @@ class _Stagnation:
 
     def stalled(self) -> bool:
         now = time.perf_counter()
-        return now - self.last > max(1.0, HEURISTIC_PATIENCE * (self.last - self.started))
+        return now - self.last > max(self.quiet, HEURISTIC_PATIENCE * (self.last - self.started))
 
 
 class _Tracker:
