@@ -94,11 +94,8 @@ class HighsBackend:
                 bound = max(bound, _branch(program, relaxation, best, relative_gap, branch_deadline, weight))
             if progress is not None:
                 progress(time.perf_counter() - started, best.objective, bound)
-            if best.assignment is not None and _within(best.objective, bound, relative_gap, program):
-                seconds = time.perf_counter() - started
-                closed = best.objective - bound <= closing_gap(program, best.objective)
-                status = OPTIMAL if closed else FEASIBLE
-                return BackendResult(status, best.assignment, best.objective, bound, seconds, seconds)
+            if (answer := _answer_within_gap(best, bound, relative_gap, started)) is not None:
+                return answer
             upper = _fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
             answer = _run_mip(
                 program,
@@ -116,9 +113,8 @@ class HighsBackend:
                 upper = _fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
             if progress is not None:
                 progress(time.perf_counter() - started, best.objective, bound)
-            if best.assignment is not None and _within(best.objective, bound, relative_gap, program):
-                seconds = time.perf_counter() - started
-                return BackendResult(FEASIBLE, best.assignment, best.objective, bound, seconds, seconds)
+            if (answer := _answer_within_gap(best, bound, relative_gap, started)) is not None:
+                return answer
         answer = _run_mip(
             program,
             max(0.01, deadline - time.perf_counter()),
@@ -168,6 +164,18 @@ class _Best:
         if objective < self.objective:
             self.assignment, self.objective = np.asarray(assignment, dtype=np.int64), objective
         return columns
+
+
+def _answer_within_gap(
+    best: _Best, bound: float, relative_gap: float, started: float
+) -> BackendResult | None:
+    """The best answer, once it is proven within ``relative_gap`` of ``bound`` (optimal when they meet)."""
+    if best.assignment is None or not _within(best.objective, bound, relative_gap, best.program):
+        return None
+    seconds = time.perf_counter() - started
+    closed = best.objective - bound <= closing_gap(best.program, best.objective)
+    status = OPTIMAL if closed else FEASIBLE
+    return BackendResult(status, best.assignment, best.objective, bound, seconds, seconds)
 
 
 def _satisfies(program: IntegerProgram, columns: np.ndarray) -> bool:
@@ -498,7 +506,7 @@ def _branch(
     A subproblem's ``x`` is branched on `_fractional_node`'s strategy of largest value: one child takes it,
     the other forbids it. Each child LP starts from its parent's basis (a few bound changes: dual simplex
     from a dual-feasible basis) and stops as soon as its dual objective proves it holds nothing more than
-    ``relative_gap`` better than the best answer (`_cutoff`). Integral children, and children's argmax
+    half of ``relative_gap`` better than the best answer (`_cutoff`). Integral children, and children's argmax
     roundings that fit every row, are offered to ``best``. The bound is the smallest LP value still open or
     cut off (or the best answer when none is).
     """
