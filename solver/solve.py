@@ -35,6 +35,7 @@ from solver.backends.base import (
     NO_SOLUTION,
     OPTIMAL,
     BackendResult,
+    Started,
     closing_gap,
 )
 from solver.compact import CompactProblem, compact
@@ -147,16 +148,24 @@ def solve(
     engine, mode = _plan(core, backend)
     bound_deadline = deadline - FINISH_RESERVE * time_limit
     work_deadline = bound_deadline - (0.0 if mode == FULL else BOUND_SHARE * time_limit)
-    phase = time.perf_counter()
     share = heuristic_share if heuristic_share is not None else _heuristic_share(core, mode)
     budget = max(0.5, share * (work_deadline - time.perf_counter()))
 
     relaxation_first = mode == FULL and get_backend(engine).separates_memory
     stagnation = _Stagnation(time.perf_counter(), HEURISTIC_QUIET_S[relaxation_first])
+    first_work = _begin_whole(core, engine, work_deadline, threads, timings) if mode == FULL else None
+    phase = time.perf_counter()
 
     def on_incumbent(cost: float, _assignment: np.ndarray) -> None:
         stagnation.improved(cost)
         tracker.incumbent("heuristic", cost + reduced.constant)
+
+    def stop_heuristic() -> bool:
+        if first_work is None:
+            return stagnation.stalled()
+        # While the backend's first work runs on the other core, searching on costs nothing; after it, the
+        # backend waits, so the heuristic stops once quiet (without the patience its late gains would earn).
+        return first_work.done() and stagnation.quiet_now()
 
     warm_up()
     known_bound = -math.inf
@@ -166,7 +175,7 @@ def solve(
         threads=1 if mode == FULL else threads,
         seed=seed,
         on_incumbent=on_incumbent,
-        stop=stagnation.stalled if mode == FULL else None,
+        stop=stop_heuristic if mode == FULL else None,
     )
     timings["heuristic"] = time.perf_counter() - phase
     candidates = [] if incumbent is None else [incumbent]
@@ -175,6 +184,7 @@ def solve(
     variables = constraints = 0
     if mode == FULL and time.perf_counter() < deadline - 0.2:
         phase = time.perf_counter()
+        built_before = timings.get("build", 0.0)
         exact, variables, constraints = _solve_whole(
             core,
             engine,
@@ -184,10 +194,13 @@ def solve(
             lambda cost, bound: tracker.update(engine, cost + reduced.constant, bound + reduced.constant),
             timings,
             relative_gap,
+            first_work,
         )
-        timings["backend"] = time.perf_counter() - phase - timings.get("build", 0.0)
+        timings["backend"] = time.perf_counter() - phase - (timings["build"] - built_before)
         if exact.assignment is not None:
             candidates.append(exact.assignment)
+    elif first_work is not None:
+        first_work.result()  # no solver may run on when the next one starts (HiGHS shares one thread pool)
     elif mode == LNS and incumbent is not None:
         if _use_pruned(core):
             phase = time.perf_counter()
@@ -224,6 +237,20 @@ def solve(
     )
 
 
+def _begin_whole(
+    core: CompactProblem, engine: str, deadline: float, threads: int, timings: dict[str, float]
+) -> Started | None:
+    """The backend's first work on the whole program (`Backend.begin`: HiGHS's memory-free LP), started in a
+    thread before the heuristic when the program starts without memory rows and a second core is there."""
+    backend = get_backend(engine)
+    if threads < 2 or not backend.separates_memory:
+        return None
+    phase = time.perf_counter()
+    program = build_program(core, memory_times=np.zeros(0, np.int64))
+    timings["build"] = time.perf_counter() - phase
+    return backend.begin(program, max(0.5, deadline - time.perf_counter()), threads)
+
+
 def _solve_whole(
     core: CompactProblem,
     engine: str,
@@ -233,6 +260,7 @@ def _solve_whole(
     on_progress: Callable[[float, float], None],
     timings: dict[str, float],
     relative_gap: float = 0.0,
+    first_work: Started | None = None,
 ) -> tuple[BackendResult, int, int]:
     """(result, variables, constraints) of the backend on the whole program, memory rows added lazily.
 
@@ -242,7 +270,7 @@ def _solve_whole(
     When the backend's answer exceeds the limit somewhere, the steps it violates are added and the program is
     solved again (warm-started from the incumbent). Each program is a relaxation of the whole one, so its
     bound stays valid, and an answer that fits everywhere is optimal for the whole program when it is for the
-    relaxation.
+    relaxation. ``first_work``: the backend's work begun on the first program (`_begin_whole`).
     """
     backend = get_backend(engine)
     needed = binding_memory_times(core)
@@ -250,12 +278,15 @@ def _solve_whole(
     if incumbent is not None and len(needed) and not backend.separates_memory:
         near = memory_times_over(core, incumbent, int(LAZY_MEMORY_START * (core.usage_limit or 0)))
         active = np.intersect1d(near, needed)
-    timings["build"] = 0.0
+    timings.setdefault("build", 0.0)
     rounds = 0
     while True:
-        started = time.perf_counter()
-        program = build_program(core, memory_times=active if len(needed) else np.zeros(0, np.int64))
-        timings["build"] += time.perf_counter() - started
+        if first_work is not None and rounds == 0:
+            program = first_work.program
+        else:
+            phase = time.perf_counter()
+            program = build_program(core, memory_times=active if len(needed) else np.zeros(0, np.int64))
+            timings["build"] += time.perf_counter() - phase
         result = backend.solve(
             program,
             time_limit=max(0.5, deadline - time.perf_counter()),
@@ -263,6 +294,7 @@ def _solve_whole(
             warm_start=incumbent,
             progress=lambda _t, cost, bound: on_progress(cost, bound),
             relative_gap=relative_gap,
+            started=first_work if rounds == 0 else None,
         )
         rounds += 1
         result = _proven_only(result, program)
@@ -504,6 +536,10 @@ class _Stagnation:
     def stalled(self) -> bool:
         now = time.perf_counter()
         return now - self.last > max(self.quiet, HEURISTIC_PATIENCE * (self.last - self.started))
+
+    def quiet_now(self) -> bool:
+        """No improvement for the last ``quiet`` seconds."""
+        return time.perf_counter() - self.last > self.quiet
 
 
 class _Tracker:

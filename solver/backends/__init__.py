@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from solver.backends.base import Backend, BackendResult, ProgressSink
+from solver.backends.base import Backend, BackendResult, ProgressSink, Started
 
 BACKEND_NAMES = ("cbc", "highs", "cpsat")
 
@@ -24,4 +24,4 @@ def get_backend(name: str) -> Backend:
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
 
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendResult", "ProgressSink", "get_backend"]
+__all__ = ["BACKEND_NAMES", "Backend", "BackendResult", "ProgressSink", "Started", "get_backend"]

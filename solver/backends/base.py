@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -36,6 +37,35 @@ class BackendResult:
         return BackendResult(status, None, math.inf, bound, seconds, None)
 
 
+class Started:
+    """Work a backend began on a program in a background thread (`Backend.begin`), before the caller had a
+    warm start for it: the caller runs its heuristic meanwhile and hands this to `Backend.solve`."""
+
+    def __init__(self, program: IntegerProgram, work: Callable[[], Any]) -> None:
+        self.program = program
+        self._work = work
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="autoshard-backend-start", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._work()
+        except BaseException as error:  # re-raised in the caller's thread by `result`
+            self._error = error
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> Any:
+        """What the work returned, once it has (its exception, if it raised one)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class Backend(Protocol):
     """An exact solver: honours the time limit and thread count, may start from a warm assignment, and may
     stop once its answer is within ``relative_gap`` of its bound."""
@@ -45,6 +75,11 @@ class Backend(Protocol):
     #: `MemoryProfile` and adds the rows they violate itself: the program can then start without memory rows.
     separates_memory: bool
 
+    def begin(self, program: IntegerProgram, time_limit: float, threads: int) -> Started | None:
+        """Start the part of solving ``program`` that needs no warm start in a background thread, on one
+        core (the caller's heuristic uses another); None when the backend has no such part."""
+        ...
+
     def solve(
         self,
         program: IntegerProgram,
@@ -53,7 +88,10 @@ class Backend(Protocol):
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
         relative_gap: float = 0.0,
-    ) -> BackendResult: ...
+        started: Started | None = None,
+    ) -> BackendResult:
+        """Solve ``program`` (``started``: what `begin` returned for this same program, if anything)."""
+        ...
 
 
 def integral_objective(program: IntegerProgram) -> bool:

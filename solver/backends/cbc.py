@@ -23,6 +23,7 @@ from solver.backends.base import (
     OPTIMAL,
     BackendResult,
     ProgressSink,
+    Started,
     closing_gap,
     empty_program_result,
     integral_objective,
@@ -54,6 +55,9 @@ class CbcBackend:
     name = "cbc"
     separates_memory = False
 
+    def begin(self, program: IntegerProgram, time_limit: float, threads: int) -> Started | None:
+        return None  # nothing to do before the warm start is known
+
     def solve(
         self,
         program: IntegerProgram,
@@ -62,6 +66,7 @@ class CbcBackend:
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
         relative_gap: float = 0.0,
+        started: Started | None = None,
     ) -> BackendResult:
         if (empty := empty_program_result(program)) is not None:
             return empty

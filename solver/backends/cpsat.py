@@ -22,6 +22,7 @@ from solver.backends.base import (
     OPTIMAL,
     BackendResult,
     ProgressSink,
+    Started,
     empty_program_result,
 )
 from solver.ilp import IntegerProgram
@@ -46,6 +47,9 @@ class CpSatBackend:
     name = "cpsat"
     separates_memory = False
 
+    def begin(self, program: IntegerProgram, time_limit: float, threads: int) -> Started | None:
+        return None  # nothing to do before the warm start is known
+
     def solve(
         self,
         program: IntegerProgram,
@@ -54,6 +58,7 @@ class CpSatBackend:
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
         relative_gap: float = 0.0,
+        started: Started | None = None,
     ) -> BackendResult:
         if (empty := empty_program_result(program)) is not None:
             return empty

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from solver.backends import BACKEND_NAMES, get_backend
-from solver.backends.base import INFEASIBLE, OPTIMAL
+from solver.backends.base import INFEASIBLE, OPTIMAL, Started
 from solver.backends.cpsat import objective_scale
 from solver.compact import compact
 from solver.errors import InfeasibleError
@@ -86,3 +86,24 @@ def test_cpsat_scale_keeps_distinct_costs_distinct() -> None:
     assert len(np.unique(scaled)) == len(np.unique(costs))
     assert np.all(np.diff(scaled[np.argsort(costs)]) >= 0)
     assert objective_scale(np.array([3.0, 5.0, math.inf])) == 1.0
+
+
+def test_started_work_hands_back_its_value_or_its_error() -> None:
+    program = build_program(compact(random_problem(np.random.default_rng(3))))
+    started = Started(program, lambda: 41 + 1)
+    assert started.result() == 42 and started.done() and started.program is program
+
+    def fails() -> int:
+        raise ValueError("no LP")
+
+    with pytest.raises(ValueError, match="no LP"):
+        Started(program, fails).result()
+
+
+@pytest.mark.parametrize("backend", BACKEND_NAMES)
+def test_only_highs_begins_work_before_the_warm_start(backend: str) -> None:
+    program = build_program(compact(random_problem(np.random.default_rng(4))))
+    started = get_backend(backend).begin(program, time_limit=5, threads=2)
+    assert (started is not None) == (backend == "highs")
+    if started is not None:
+        started.result()

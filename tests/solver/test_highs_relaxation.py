@@ -4,12 +4,22 @@ branching that raises the relaxation's bound when a gap is allowed."""
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
 
 from solver.backends.base import INFEASIBLE
-from solver.backends.highs import HighsBackend, _relaxation
+from solver.backends.highs import (
+    _CUT_OFF,
+    LARGEST_LP_COST,
+    HighsBackend,
+    _fractional_node,
+    _memory_weight,
+    _objective_scale,
+    _relaxation,
+    _solve_separating,
+)
 from solver.compact import compact
 from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
@@ -60,17 +70,17 @@ def test_memory_profile_rows_measure_the_usage_of_every_assignment() -> None:
     assert checked > 200
 
 
-def _memory_bound_problem(layers: int) -> Problem:
+def _memory_bound_problem(layers: int, cost_scale: float = 1.0) -> Problem:
     """A chain whose memory limit is met by mixing two placements: each node either keeps a big copy
     (cheap) or a small one (dear); the limit fits about half the big copies, so the LP relaxation is
     fractional and the integer optimum lies strictly above it."""
     costs, usages, intervals = [], [], []
     for i in range(layers):
-        costs.append(np.array([10.0 + i % 3, 17.0 + 2 * (i % 2)]))
+        costs.append(cost_scale * np.array([10.0 + i % 3, 17.0 + 2 * (i % 2)]))
         usages.append(np.array([7 + i % 4, 1]))
         intervals.append((0, 10))
     edges = [(i, i + 1) for i in range(layers - 1)]
-    matrices = [np.array([[0.0, 1.5], [1.5, 0.0]]) for _ in edges]
+    matrices = [cost_scale * np.array([[0.0, 1.5], [1.5, 0.0]]) for _ in edges]
     limit = int(sum(u[0] for u in usages) * 0.55)
     return Problem.from_lists(
         costs=costs,
@@ -129,3 +139,58 @@ def test_random_memory_limited_problems_with_a_gap() -> None:
         assert result.objective - result.bound <= 0.05 * abs(result.objective) + 1.0, case
         solved += 1
     assert solved >= 40
+
+
+@pytest.mark.parametrize("cost_scale", [1.0, 1e6])
+@pytest.mark.parametrize("begin_early", [False, True])
+def test_early_first_lp_and_scaled_costs_keep_the_answer(cost_scale: float, begin_early: bool) -> None:
+    """The first LP begun in a thread (`HighsBackend.begin`, as `solve` does while its heuristic runs) and
+    costs large enough for HiGHS's objective scaling give the optimum, with a bound that never passes it."""
+    problem = _memory_bound_problem(12, cost_scale)
+    expected, _ = brute_force(problem)
+    assert expected is not None
+    core = compact(problem)
+    program = build_program(core, memory_times=np.zeros(0, np.int64))
+    backend = HighsBackend()
+    started = backend.begin(program, time_limit=20, threads=2) if begin_early else None
+    if begin_early:
+        assert started is not None and started.program is program
+    for relative_gap in (0.0, 0.02):
+        result = backend.solve(program, 20, 2, relative_gap=relative_gap, started=started)
+        started = None  # its first LP is spent
+        assert result.assignment is not None
+        evaluation = evaluate(problem, core.lift(result.assignment))
+        assert evaluation.feasible and evaluation.cost == pytest.approx(result.objective)
+        assert result.bound <= expected * (1 + 1e-12) and expected <= result.objective * (1 + 1e-12)
+        if relative_gap == 0.0:
+            assert result.objective == pytest.approx(expected)
+
+
+def test_objective_scale_brings_the_largest_cost_under_the_limit() -> None:
+    small = build_program(compact(_memory_bound_problem(6)), memory_times=np.zeros(0, np.int64))
+    large = build_program(compact(_memory_bound_problem(6, 1e6)), memory_times=np.zeros(0, np.int64))
+    assert _objective_scale(small) == 0
+    exponent = _objective_scale(large)
+    largest = float(np.abs(large.objective).max())
+    assert largest * 2.0**exponent <= LARGEST_LP_COST < largest * 2.0 ** (exponent + 1)
+
+
+def test_cutoff_stops_a_child_lp_of_a_scaled_program() -> None:
+    """A child LP whose dual objective already passes the cut-off stops at once, also when HiGHS scales the
+    objective (its ``objective_bound`` option is compared with the scaled objective)."""
+    program = build_program(compact(_memory_bound_problem(12, 1e6)), memory_times=np.zeros(0, np.int64))
+    assert _objective_scale(program) < 0
+    relaxation = _relaxation(program, time_limit=10, threads=1)
+    assert relaxation is not None
+    node = _fractional_node(program, relaxation.values, _memory_weight(program))
+    assert node is not None
+    start = program.x_offset[node]
+    chosen = start + int(np.argmax(relaxation.values[start : start + program.strategy_counts[node]]))
+    basis = relaxation.highs.getBasis()
+    relaxation.highs.changeColBounds(int(chosen), 0.0, 0.0)  # forbid it, as `_branch` does
+    relaxation.highs.setBasis(basis)
+    cutoff = (relaxation.bound - program.constant) * (1 - 1e-4)  # HiGHS's own objective: no constant
+    ended, values = _solve_separating(
+        relaxation.highs, relaxation.extra_rows, deadline=time.perf_counter() + 10, threads=1, cutoff=cutoff
+    )
+    assert ended == _CUT_OFF and values is None
