@@ -35,6 +35,23 @@ def test_pipeline_matches_brute_force(backend: str) -> None:
         assert evaluate(problem, result.solution).feasible
 
 
+def test_first_lp_begun_beside_the_heuristic_keeps_the_optimum() -> None:
+    """With two threads, HiGHS's first LP runs in a thread while the heuristic searches (memory limits on, so
+    rows are separated after it): still the brute-force optimum, proven."""
+    rng = np.random.default_rng(23)
+    solved = 0
+    for case in range(60):
+        problem = random_problem(rng, nodes=(3, 7), with_limit=True)
+        expected, _ = brute_force(problem)
+        if expected is None:
+            continue
+        result = solve(problem, backend="highs", time_limit=10, threads=2)
+        assert result.status == "optimal" and result.cost == expected, (case, result.cost, expected)
+        assert evaluate(problem, result.solution).feasible
+        solved += 1
+    assert solved >= 15
+
+
 def test_g_is_solved_to_proven_optimality() -> None:
     problem = iopddl.load(SHARED / "asplos-2025-iopddl-G.json.gz")
     result = solve(problem, backend="highs", time_limit=120, threads=2)
