@@ -97,7 +97,9 @@ class HighsBackend:
         deadline = begun + time_limit
         best = _Best(program, warm_start)
         bound = -math.inf
-        highs = started.result() if started is not None and started.program is program else None
+        highs = started.result() if started is not None else None  # joined even if unused: one pool
+        if started is not None and started.program is not program:
+            highs = None
         relaxation = _relaxation(program, RELAXATION_SHARE * time_limit, threads, highs)
         upper = program.col_upper
         if relaxation is not None:
