@@ -99,6 +99,17 @@ class _Lagrangian:
             self.original_index[node_start[k] : node_start[k] + counts[k]] = np.flatnonzero(alive[k])
         # Start of every node's block in flat order (for per-node maxima in the margin).
         self.block_starts = np.sort(node_start)
+        # Strategies a branch forbids (flat positions, `solver.lagrangian_branch`): `set_costs` prices them
+        # above every total of allowed strategies. The problem with them merely dear is a relaxation of the
+        # one without them, so every bound still holds.
+        self.forbidden: np.ndarray | None = None
+        edges = np.zeros(0) if self.graph is None else self.graph.edge_c
+        edge_starts = np.zeros(0, np.int64) if self.graph is None else self.graph.edge_off[:-1]
+        self.edge_spread = (
+            float((np.maximum.reduceat(edges, edge_starts) - np.minimum.reduceat(edges, edge_starts)).sum())
+            if len(edges)
+            else 0.0
+        )
 
         usages = [
             np.asarray(u, dtype=np.int64)[alive[k]]
@@ -144,6 +155,15 @@ class _Lagrangian:
         added = np.bincount(
             self.entry_pos, weights=self.entry_use * price[self.entry_term], minlength=self.total_flat
         )
+        if self.forbidden is not None and self.forbidden.any():
+            flat = np.concatenate([self.kept_base, self.iso_base]) + added
+            spread = np.maximum.reduceat(flat, self.block_starts) - np.minimum.reduceat(
+                flat, self.block_starts
+            )
+            flat[self.forbidden] = float(flat.max()) + float(spread.sum()) + self.edge_spread + 1.0
+            if self.graph is not None:
+                self.graph.cost[:] = flat[: self.kept_flat]
+            return flat[self.kept_flat :]
         if self.graph is not None:
             np.add(self.kept_base, added[: self.kept_flat], out=self.graph.cost)
         return self.iso_base + added[self.kept_flat :]
