@@ -95,8 +95,8 @@ LAGRANGIAN_GIVE_UP_GAP = 0.05
 #: ... then the program over its promising strategies is solved to this share of the gap asked for (0.25 of
 #: 1%: 0.08 s on the 80-layer program, against 1.6 s to optimality for the same answer) ...
 RESTRICTED_GAP_SHARE = 0.25
-#: ... in at most this share of the time the search had.
-RESTRICTED_SHARE = 1.0
+#: ... in at most this share of the time limit.
+RESTRICTED_SHARE = 0.1
 #: A gap this small (relative) is rounding: TRW-S's certified bounds keep a margin of ~1e-9 of the cost for
 #: the floating-point sums behind them.
 ROUNDING_NOISE = 1e-8
@@ -172,9 +172,12 @@ def solve(
 
     known_bound = -math.inf
     searched: BranchResult | None = None
-    if mode == FULL and core.usage_limit is not None and relative_gap > 0:
+    if mode != HEURISTIC and core.usage_limit is not None and relative_gap > 0:
         search_deadline = started + LAGRANGIAN_SHARE * time_limit
-        searched = _lagrangian_search(core, engine, relative_gap, search_deadline, threads, timings)
+        restricted_seconds = RESTRICTED_SHARE * time_limit
+        searched = _lagrangian_search(
+            core, engine, relative_gap, search_deadline, restricted_seconds, threads, timings
+        )
         if searched is not None:
             known_bound = searched.bound
             tracker.update("lagrangian", searched.cost + reduced.constant, searched.bound + reduced.constant)
@@ -248,7 +251,7 @@ def solve(
             phase = time.perf_counter()
             pruned = _pruned(core, engine, incumbent, started, time_limit, threads, relative_gap)
             timings["pruned"] = time.perf_counter() - phase
-            known_bound = pruned.bound
+            known_bound = max(known_bound, pruned.bound)
             if pruned.assignment is not None and core.cost(pruned.assignment) < core.cost(incumbent):
                 incumbent = pruned.assignment
                 candidates.append(incumbent)
@@ -284,6 +287,7 @@ def _lagrangian_search(
     engine: str,
     relative_gap: float,
     deadline: float,
+    restricted_seconds: float,
     threads: int,
     timings: dict[str, float],
 ) -> BranchResult | None:
@@ -326,7 +330,7 @@ def _lagrangian_search(
             restrict(core, keep),
             engine,
             start,
-            deadline + RESTRICTED_SHARE * (deadline - phase),
+            phase + restricted_seconds,
             threads,
             lambda _c, _b: None,
             {},
