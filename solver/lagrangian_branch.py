@@ -98,6 +98,7 @@ class _Subproblem:
     forbidden: np.ndarray = field(compare=False)  # bool per flat position
     msg: np.ndarray = field(compare=False)
     mu: np.ndarray = field(compare=False)
+    inherited: list[_Point] = field(default_factory=list, compare=False)  # the parent's decodings
 
 
 @dataclass
@@ -179,9 +180,12 @@ class LagrangianBranch:
         return bound, _Point(local, cost, over)
 
     def evaluate(self, sub: _Subproblem, cutoff: float, deadline: float) -> _Evaluation:
-        """Kelley's ascent on ``mu`` for one subproblem, until converged, cut off, or out of time."""
+        """Kelley's ascent on ``mu`` for one subproblem, until converged, cut off, or out of time.
+
+        The parent's decodings that the subproblem allows are cutting planes of its ``L`` too (each is one
+        of its answers), so the ascent starts with them."""
         mu, msg = sub.mu.copy(), sub.msg.copy()
-        points: list[_Point] = []
+        points = [p for p in sub.inherited if not sub.forbidden[self.lag.node_start + p.local].any()]
         best_bound, best_mu, best_msg = -math.inf, mu.copy(), msg.copy()
         for _ in range(MAX_EVALUATIONS):
             bound, point = self._bound_at(mu, msg, sub.forbidden, deadline)
@@ -193,6 +197,8 @@ class LagrangianBranch:
             model = self._next_prices(points, best_bound, mu)
             if model is None or model[0] - best_bound <= CONVERGED * max(1.0, abs(best_bound)):
                 break
+            if np.allclose(model[1], mu, rtol=1e-9, atol=0.0):
+                break  # the decoding at these prices cut nothing new off the model: the ascent is stuck
             mu = model[1]
         return _Evaluation(best_bound, points, best_mu, best_msg)
 
@@ -212,17 +218,20 @@ class LagrangianBranch:
         unit = max(1.0, float(self.problem.usage_limit or 1))  # prices per limit, not per byte: well scaled
         over = np.array([p.over[rows] for p in finite]) / unit
         costs = np.array([p.cost for p in finite])
-        # A box for the prices: at its edge, the smallest overflow seen costs more than any two answers
-        # differ by.
-        smallest = float(np.min(np.abs(over[over != 0]), initial=1.0))
-        cap = max(2.0 * self.cost_scale / smallest, 4.0 * float(current[rows].max()) * unit)
+        # A budget for the sum of the prices (one budget, not a box per row: a decoding over the limit at
+        # many steps is then priced at its worst one): at most 4x the prices so far, or, from none, enough
+        # that the largest overflow seen costs more than any two answers differ by.
+        largest = float(np.max(over, initial=0.0))
+        budget = 4.0 * float(current[rows].sum()) * unit
+        if largest > 0:
+            budget = max(budget, 2.0 * self.cost_scale / largest)
         objective = np.zeros(len(rows) + 1)
         objective[0] = -1.0
         answer = linprog(
             objective,
-            A_ub=np.hstack([np.ones((len(finite), 1)), -over]),
-            b_ub=costs,
-            bounds=[(None, None)] + [(0.0, cap)] * len(rows),
+            A_ub=np.vstack([np.hstack([np.ones((len(finite), 1)), -over]), np.r_[0.0, np.ones(len(rows))]]),
+            b_ub=np.r_[costs, budget],
+            bounds=[(None, None)] + [(0.0, None)] * len(rows),
             method="highs",
         )
         if answer.status != 0:
@@ -372,7 +381,9 @@ class LagrangianBranch:
             forbid = sub.forbidden.copy()
             forbid[block] |= heavy
             for order, forbidden in enumerate((take, forbid)):
-                child = _Subproblem(bound, 2 * solved + order, forbidden, evaluation.msg, evaluation.mu)
+                child = _Subproblem(
+                    bound, 2 * solved + order, forbidden, evaluation.msg, evaluation.mu, evaluation.points
+                )
                 heapq.heappush(heap, child)
         bound = min(heap[0].bound if heap else math.inf, settled, best_cost)
         return BranchResult(bound, best, best_cost, solved, self.evaluations, integral)

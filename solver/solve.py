@@ -310,7 +310,7 @@ def _lagrangian_search(
         searched.bound,
         searched.cost,
     )
-    if searched.within(RESTRICTED_GAP_SHARE * relative_gap):
+    if searched.within(0.0):  # proven optimal; else the program over its promising strategies may do better
         return searched
     phase = time.perf_counter()
     keep = search.promising_strategies()
