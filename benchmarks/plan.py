@@ -1,6 +1,7 @@
 """Whole-pipeline planning benchmark: capture, build, solve and plan llama3-8b on large meshes.
 
-    python benchmarks/plan.py [--configs 8x8,64,4x4x4,layers] [--time-limit 120] [--gap 0.01] [--json]
+    python benchmarks/plan.py [--configs 8x8,64,4x4x4,layers] [--time-limit 120] [--gap 0.01] [--repeat N]
+                              [--json]
 
 Configurations (issue 4): llama3-8b (bf16, sequence 8192) with 32 layers on a 1-D mesh of 64 (batch 128),
 8x8 (batch 16) and 4x4x4 (batch 8); and 8 / 16 / 32 / 80 layers on 8x8 (batch 16), h100 preset, 80 GiB
@@ -112,19 +113,30 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=120.0, help="solver seconds per configuration")
     parser.add_argument("--gap", type=float, default=0.01, help="relative gap the solver may stop at")
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per configuration; the row shown is the run of median total time, with every total",
+    )
     args = parser.parse_args()
     from solver.solve import warm_up_kernels
 
     warm_up_kernels()  # load the numba kernels once (as a running service has them); children inherit them
+    columns = COLUMNS if args.repeat <= 1 else (*COLUMNS, RUNS_COLUMN)
     rows = []
-    print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS), flush=True)
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns), flush=True)
     for name in args.configs.split(","):
         for mesh, batch, layers, memory_gib in CONFIGS[name]:
-            row = _in_child(mesh, batch, layers, memory_gib, args.time_limit, args.gap)
+            runs = [
+                _in_child(mesh, batch, layers, memory_gib, args.time_limit, args.gap)
+                for _ in range(max(1, args.repeat))
+            ]
+            row = _median_run(runs)
             rows.append(row)
             if not args.json:
                 print(
-                    "| " + " | ".join(_cell(row.get(c, "-")) for c in COLUMNS) + " |",
+                    "| " + " | ".join(_cell(row.get(c, "-")) for c in columns) + " |",
                     flush=True,
                 )
     if args.json:
@@ -148,6 +160,22 @@ def _in_child(*args: object) -> dict:
     child.start()
     row = results.get()
     child.join()
+    return row
+
+
+#: With --repeat: every run's total seconds, in order.
+RUNS_COLUMN = "runs total s"
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median total time (of an even count, the slower middle one), with every run's total. This
+    machine's timings drift by tens of percent between runs: one run decides nothing near a target."""
+    timed = [r for r in runs if isinstance(r.get("total s"), (int, float))]
+    if not timed:
+        return runs[-1]
+    row = dict(sorted(timed, key=lambda r: r["total s"])[len(timed) // 2])
+    if len(runs) > 1:
+        row[RUNS_COLUMN] = "/".join(str(r.get("total s", "-")) for r in runs)
     return row
 
 
