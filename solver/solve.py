@@ -316,15 +316,11 @@ def _lagrangian_search(
     keep = search.promising_strategies()
     start = None
     if searched.assignment is not None:
-        keep = [np.union1d(kept, [s]) for kept, s in zip(keep, searched.assignment.tolist(), strict=True)]
+        chosen = searched.assignment.tolist()
+        keep = [np.union1d(kept, [s]) for kept, s in zip(keep, chosen, strict=True)]
+        start = np.array([int(np.searchsorted(kept, s)) for kept, s in zip(keep, chosen, strict=True)])
     if any(len(kept) == 0 for kept in keep):  # the search ran out of time before its root's beliefs
         return searched
-        start = np.array(
-            [
-                int(np.searchsorted(kept, s))
-                for kept, s in zip(keep, searched.assignment.tolist(), strict=True)
-            ]
-        )
     try:
         result, _variables, _constraints = _solve_whole(
             restrict(core, keep),
