@@ -62,6 +62,9 @@ CONVERGED = 1e-6
 BELIEF_TOLERANCE = 1e-7
 #: Subproblems whose bound is within this share of the requested gap below the best answer are cut off.
 CUTOFF_SHARE = 0.5
+#: A gap this small (relative) is rounding: TRW-S's certified bounds keep a margin of ~1e-9 of the cost for
+#: the floating-point sums behind them (`solver.solve` calls such answers optimal too).
+ROUNDING_NOISE = 1e-8
 #: At most this many subproblems are evaluated.
 MAX_SUBPROBLEMS = 64
 
@@ -89,7 +92,7 @@ def _closing(cost: float, integral: bool) -> float:
     """The difference between an answer and a bound that proves it optimal: below 1 for integral costs, else
     rounding noise (the certified bounds keep a margin of ~1e-9 of the cost,
     `memory_bound._Lagrangian.certify`)."""
-    return 0.999 if integral else 1e-8 * max(1.0, abs(cost))
+    return 0.999 if integral else ROUNDING_NOISE * max(1.0, abs(cost))
 
 
 @dataclass(order=True)

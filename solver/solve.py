@@ -46,7 +46,7 @@ from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
 from solver.heuristic import warm_up
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
-from solver.lagrangian_branch import BranchResult, LagrangianBranch
+from solver.lagrangian_branch import ROUNDING_NOISE, BranchResult, LagrangianBranch
 from solver.lns import lns_improve
 from solver.memory import min_peak_lower_bound, smallest_peak
 from solver.memory_bound import memory_dual_bound
@@ -97,9 +97,6 @@ LAGRANGIAN_GIVE_UP_GAP = 0.05
 RESTRICTED_GAP_SHARE = 0.25
 #: ... in at most this share of the time limit.
 RESTRICTED_SHARE = 0.1
-#: A gap this small (relative) is rounding: TRW-S's certified bounds keep a margin of ~1e-9 of the cost for
-#: the floating-point sums behind them.
-ROUNDING_NOISE = 1e-8
 #: Progress events: (phase, seconds since start, incumbent cost or inf, bound or -inf).
 ProgressCallback = Callable[[str, float, float, float], None]
 
