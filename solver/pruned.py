@@ -68,6 +68,19 @@ def pruned_solve(
     kept_count = int(sum(len(k) for k in keep))
     if time.perf_counter() >= deadline:
         return Pruned(None, bound, kept_count)
+    return Pruned(solve_over(problem, keep, incumbent, deadline, solve_restricted), bound, kept_count)
+
+
+def solve_over(
+    problem: CompactProblem,
+    keep: list[np.ndarray],
+    incumbent: np.ndarray | None,
+    deadline: float,
+    solve_restricted: Callable[[CompactProblem, np.ndarray | None, float], np.ndarray | None],
+) -> np.ndarray | None:
+    """``solve_restricted(restricted, start, deadline)`` on ``problem`` restricted to the sorted strategies
+    ``keep[k]`` of each node (which must hold the ``incumbent``'s, the start), its answer mapped back to
+    ``problem``'s strategy indices; None without one."""
     start = None
     if incumbent is not None:
         start = np.array(
@@ -78,9 +91,8 @@ def pruned_solve(
     except InfeasibleError:  # the kept strategies are forbidden together (or overflow the memory)
         answer = None
     if answer is None:
-        return Pruned(None, bound, kept_count)
-    mapped = np.array([int(kept[a]) for kept, a in zip(keep, answer.tolist(), strict=True)], dtype=np.int64)
-    return Pruned(mapped, bound, kept_count)
+        return None
+    return np.array([int(kept[a]) for kept, a in zip(keep, answer.tolist(), strict=True)], dtype=np.int64)
 
 
 def _keep(scores: list[np.ndarray], incumbent: np.ndarray | None, count: int) -> list[np.ndarray]:
@@ -108,4 +120,4 @@ def restrict(problem: CompactProblem, keep: list[np.ndarray]) -> CompactProblem:
     )
 
 
-__all__ = ["KEEP_PER_NODE", "Pruned", "pruned_solve", "restrict"]
+__all__ = ["KEEP_PER_NODE", "Pruned", "pruned_solve", "restrict", "solve_over"]

@@ -52,7 +52,7 @@ from solver.memory import min_peak_lower_bound, smallest_peak
 from solver.memory_bound import memory_dual_bound
 from solver.portfolio import portfolio_solve
 from solver.problem import Problem
-from solver.pruned import Pruned, pruned_solve, restrict
+from solver.pruned import Pruned, pruned_solve, solve_over
 from solver.reductions import Reduced, reduce
 
 log = logging.getLogger(__name__)
@@ -311,30 +311,23 @@ def _lagrangian_search(
         return searched
     phase = time.perf_counter()
     keep = search.promising_strategies()
-    start = None
     if searched.assignment is not None:
         chosen = searched.assignment.tolist()
         keep = [np.union1d(kept, [s]) for kept, s in zip(keep, chosen, strict=True)]
-        start = np.array([int(np.searchsorted(kept, s)) for kept, s in zip(keep, chosen, strict=True)])
     if any(len(kept) == 0 for kept in keep):  # the search ran out of time before its root's beliefs
         return searched
-    try:
+
+    def solve_restricted(restricted: CompactProblem, start: np.ndarray | None, deadline: float):
+        gap = RESTRICTED_GAP_SHARE * relative_gap
         result, _variables, _constraints = _solve_whole(
-            restrict(core, keep),
-            engine,
-            start,
-            phase + restricted_seconds,
-            threads,
-            lambda _c, _b: None,
-            {},
-            RESTRICTED_GAP_SHARE * relative_gap,
+            restricted, engine, start, deadline, threads, lambda _c, _b: None, {}, gap
         )
-    except InfeasibleError:
-        result = None
+        return result.assignment
+
+    answer = solve_over(core, keep, searched.assignment, phase + restricted_seconds, solve_restricted)
     timings["restricted"] = time.perf_counter() - phase
-    if result is None or result.assignment is None:
+    if answer is None:
         return searched
-    answer = np.array([int(kept[a]) for kept, a in zip(keep, result.assignment.tolist(), strict=True)])
     cost = core.cost(answer)
     if cost >= searched.cost:
         return searched
