@@ -4,8 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
-SHARED ?= ../shared
-IOPDDL := $(SHARED)/benchmarks/iopddl
+IOPDDL := benchmarks/data/iopddl
 
 .PHONY: setup demo test bench lint clean
 
@@ -32,8 +31,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# The public contest instances A, M, S: from IOPDDL_DATA (or $AUTOSHARD_IOPDDL_DATA, or ../shared beside the clone).
 bench: setup
-	$(BIN)/python benchmarks/iopddl.py --threads 2
+	$(BIN)/python benchmarks/iopddl.py --threads 2 $(if $(IOPDDL_DATA),--data $(IOPDDL_DATA))
 
 lint: setup
 	$(BIN)/ruff check .

@@ -2,7 +2,7 @@
 plan that computes, the call one device makes (local shapes, the other arguments) and its predicted seconds.
 
 Each op node's chosen strategy gives every tensor argument's placement; its local shape is the largest
-piece (``strategies.comm.local_sizes``), its non-tensor arguments are kept as captured. A call is written
+piece (``strategies.cost.comm.local_sizes``), its non-tensor arguments are kept as captured. A call is written
 only when it is right on local shapes: the op run on meta tensors of the local shapes must give the local
 output shapes the strategy promises. Arguments that name global sizes (a view's shape, a split's sizes)
 fail that check and the node is listed as skipped with the reason; ``embedding_dense_backward``'s
@@ -26,9 +26,9 @@ import torch
 from torch.utils._pytree import tree_map
 
 from benchmarks.compute_calibration import FORMAT, op_family
-from strategies.comm import local_sizes
-from strategies.planner import PlanRequest, plan_model
-from strategies.problem_builder import BuiltProblem, ProblemNode
+from strategies.cost.comm import local_sizes
+from strategies.plan.planner import PlanRequest, plan_model
+from strategies.problem.builder import BuiltProblem, ProblemNode
 from strategies.tensor_meta import TensorMeta, dtype_name, flatten_tensors, meta_outputs
 
 aten = torch.ops.aten

@@ -7,7 +7,7 @@
     python3 benchmarks/compute_calibration.py measure \\
         --records benchmarks/data/llama3_8b_8x8_h200_ops.json --out calibration.json
 
-The model being checked (``strategies/generate.py``): per op on its local shapes,
+The model being checked (``strategies/ops/generate.py``): per op on its local shapes,
 ``compute_s = max(FLOPs / peak(dtype), bytes read and written / memory bandwidth) + launch``.
 
 ``export`` (:mod:`benchmarks.calibration_export`) writes one record per distinct call: ``op``
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> None:
 def _export(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.calibration_export import export_records
-    from strategies.planner import PlanRequest
+    from strategies.plan.planner import PlanRequest
 
     options = {}
     for item in args.option:

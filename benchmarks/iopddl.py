@@ -1,15 +1,19 @@
 """Solve the public IOPDDL contest instances at their contest time limits on each backend; print a table.
 
     python benchmarks/iopddl.py [--instances A,G,M,S] [--backends cbc,highs,cpsat,auto] [--threads 2]
-                                [--time-scale 1.0] [--out results/iopddl.json]
+                                [--time-scale 1.0] [--data DIR] [--out results/iopddl.json]
 
-Reference costs are the best final results of the ASPLOS 2025 contest (8 cores, same limits).
+Reference costs are the best final results of the ASPLOS 2025 contest (8 cores, same limits). Instance G is
+bundled (`benchmarks/data/iopddl`); A, M and S are read from `--data DIR`, else `$AUTOSHARD_IOPDDL_DATA`,
+else `../shared/benchmarks/iopddl` beside the clone when it exists. The public instances are published in
+the google/iopddl repository.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +24,9 @@ from solver import iopddl
 from solver.errors import InfeasibleError
 from solver.solve import solve, warm_up_kernels
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "iopddl"
+BUNDLED = Path(__file__).resolve().parent / "data" / "iopddl"
+TEAM_DATA = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "iopddl"
+DATA_VARIABLE = "AUTOSHARD_IOPDDL_DATA"
 #: instance -> (contest time limit in seconds, reference cost)
 INSTANCES = {
     "A": (60.0, 6_548_641_531),
@@ -45,9 +51,33 @@ COLUMNS = (
 )
 
 
-def run(instance: str, backend: str, threads: int, time_scale: float) -> dict:
+def instance_file(instance: str) -> str:
+    return f"asplos-2025-iopddl-{instance}.json.gz"
+
+
+def data_dirs(named: Path | None) -> list[Path]:
+    """Where instances are looked for, in order: the named directory (``--data``, else the environment
+    variable), ``../shared/benchmarks/iopddl`` when it exists, the bundled directory."""
+    named = named or (Path(os.environ[DATA_VARIABLE]) if os.environ.get(DATA_VARIABLE) else None)
+    dirs = [named] if named is not None else ([TEAM_DATA] if TEAM_DATA.is_dir() else [])
+    return [*dirs, BUNDLED]
+
+
+def find_instances(instances: list[str], dirs: list[Path]) -> tuple[dict[str, Path], list[str]]:
+    """(instance -> its file, the instances found nowhere)."""
+    found, missing = {}, []
+    for instance in instances:
+        paths = [d / instance_file(instance) for d in dirs if (d / instance_file(instance)).is_file()]
+        if paths:
+            found[instance] = paths[0]
+        else:
+            missing.append(instance)
+    return found, missing
+
+
+def run(path: Path, instance: str, backend: str, threads: int, time_scale: float) -> dict:
     limit, reference = INSTANCES[instance]
-    problem = iopddl.load(SHARED / f"asplos-2025-iopddl-{instance}.json.gz")
+    problem = iopddl.load(path)
     started = time.perf_counter()
     try:
         result = solve(problem, backend=backend, time_limit=limit * time_scale, threads=threads)
@@ -103,14 +133,29 @@ def main() -> None:
     parser.add_argument("--backends", default="cbc,highs,cpsat,auto")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every contest limit")
+    parser.add_argument(
+        "--data", type=Path, default=None, help=f"directory of the instances (default ${DATA_VARIABLE})"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/iopddl.json"))
     args = parser.parse_args()
+    instances = args.instances.split(",")
+    unknown = [name for name in instances if name not in INSTANCES]
+    if unknown:
+        sys.exit(f"iopddl: --instances: unknown {', '.join(unknown)}; choose from {', '.join(INSTANCES)}")
+    dirs = data_dirs(args.data)
+    paths, missing = find_instances(instances, dirs)
+    if missing:
+        sys.exit(
+            f"iopddl: instance {', '.join(missing)} not found in {', '.join(str(d) for d in dirs)}: "
+            f"name the directory of the public instances (google/iopddl on GitHub) with --data DIR "
+            f"or ${DATA_VARIABLE}, or run --instances G (bundled)"
+        )
     warm_up_kernels()
     rows = []
-    for instance in args.instances.split(","):
+    for instance in instances:
         for backend in args.backends.split(","):
             print(f"... {instance} on {backend}", file=sys.stderr, flush=True)
-            rows.append(run(instance, backend, args.threads, args.time_scale))
+            rows.append(run(paths[instance], instance, backend, args.threads, args.time_scale))
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1))

@@ -6,9 +6,12 @@
 Configurations (issue 4): llama3-8b (bf16, sequence 8192) with 32 layers on a 1-D mesh of 64 (batch 128),
 8x8 (batch 16) and 4x4x4 (batch 8); and 8 / 16 / 32 / 80 layers on 8x8 (batch 16), h100 preset, 80 GiB
 per device (the mesh of 64 also at 160 GiB: nothing fits 80 GiB there without activation checkpointing).
-Prints one table row per configuration: seconds per phase, program size, certificate, peak memory and
-predicted step time, the best hand-written baseline (DDP, FSDP, Megatron, FSDP x TP) solved on the same
-problem, and the process's peak RSS. A baseline faster than the plan (beyond the plan's gap) is flagged.
+Each configuration runs as a user runs it: `autoshard plan ...` in a fresh process. Its row: the command's
+wall time from start to exit ("wall s"), the phases the plan records (capture, build, solve, and their
+"total"), what lies outside them ("outside s": interpreter start, imports, writing and printing the plan,
+exit), program size, certificate, peak memory and predicted step time, the process's peak RSS, and the best
+hand-written baseline (DDP, FSDP, Megatron, FSDP x TP) solved on the same problem (in a separate process). A
+baseline faster than the plan (beyond the plan's gap) is flagged.
 """
 
 from __future__ import annotations
@@ -16,14 +19,20 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import resource
+import os
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from strategies.planner import PlanRequest, plan_model
+from strategies.plan.planner import PlanRequest, plan_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIGS = {
     # (mesh, batch, layers, memory budget GiB or None for the hardware's 80 GiB)
@@ -37,10 +46,12 @@ COLUMNS = (
     "layers",
     "batch",
     "budget GiB",
+    "wall s",
     "capture s",
     "build s",
     "solve s",
     "total s",
+    "outside s",
     "variables",
     "status",
     "gap",
@@ -53,29 +64,30 @@ COLUMNS = (
 
 
 def run(mesh: str, batch: int, layers: int, memory_gib: float | None, time_limit: float, gap: float) -> dict:
-    from solver.errors import InfeasibleError
-    from strategies.baselines import solve_baselines
-
-    started = time.perf_counter()
-    request = PlanRequest(
-        model="llama3-8b",
-        mesh=mesh,
-        batch=batch,
-        seq=8192,
-        layers=layers,
-        time_limit=time_limit,
-        gap=gap,
-        memory_gib=memory_gib,
-    )
+    """One configuration: `autoshard plan` in a fresh process (timed from start to exit), then the
+    baselines on the same problem."""
     row: dict = {"mesh": mesh, "layers": layers, "batch": batch, "budget GiB": memory_gib or 80}
-    try:
-        outcome = plan_model(request)
-    except InfeasibleError as error:
-        peak = getattr(error, "min_peak", None)
-        row["status"] = "infeasible" + (f" (smallest peak >= {peak / 2**30:.1f} GiB)" if peak else "")
-        row["total s"] = round(time.perf_counter() - started, 2)
-        return row
-    plan = outcome.plan
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "plan.json"
+        command = [sys.executable, "-m", "service.cli", "plan", "--model", "llama3-8b", "--mesh", mesh]
+        command += ["--batch", str(batch), "--seq", "8192", "--layers", str(layers), "--out", str(out)]
+        command += ["--time-limit", str(time_limit), "--gap", str(gap), "--quiet"]
+        if memory_gib is not None:
+            command += ["--memory-gib", str(memory_gib)]
+        started = time.perf_counter()
+        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(child.pid, 0)
+        row["wall s"] = round(time.perf_counter() - started, 2)
+        row["RSS GiB"] = round(usage.ru_maxrss / 2**20, 2)
+        stderr = child.stderr.read().decode() if child.stderr else ""
+        code = os.waitstatus_to_exitcode(status)
+        if code == 3:  # no plan fits: the message names the smallest peak
+            row["status"] = "infeasible: " + stderr.strip().removeprefix("autoshard: ")
+            return row
+        if code != 0:
+            row["status"] = f"error (exit {code}): {stderr.strip()[-200:]}"
+            return row
+        plan = json.loads(out.read_text())
     timings = plan["timings"]
     solved_gap = plan["solver"]["gap"]
     row.update(
@@ -83,26 +95,38 @@ def run(mesh: str, batch: int, layers: int, memory_gib: float | None, time_limit
             "capture s": round(timings["capture"], 2),
             "build s": round(timings["build"], 2),
             "solve s": round(timings["solve"], 2),
-            "total s": round(time.perf_counter() - started, 2),
+            "total s": round(timings["total"], 2),
+            "outside s": round(row["wall s"] - timings["total"], 2),
             "variables": plan["solver"]["variables"],
             "status": plan["solver"]["status"],
             "gap": "-" if solved_gap is None else f"{100 * solved_gap:.2f}%",
             "peak GiB": round(plan["predicted"]["peak_memory_bytes"] / 2**30, 2),
             "step ms": round(plan["predicted"]["step_time_s"] * 1e3, 2),
-            "RSS GiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         }
     )
-    baselines = [b for b in solve_baselines(outcome.built, time_limit=time_limit) if b.feasible]
-    if baselines:
-        best = min(baselines, key=lambda b: b.step_time_s)
-        row["best baseline"] = best.name
-        row["baseline ms"] = round(best.step_time_s * 1e3, 2)
-        slack = (solved_gap or 0.0) * plan["predicted"]["step_time_s"]
-        if plan["predicted"]["step_time_s"] > best.step_time_s + slack + 1e-12:
-            row["best baseline"] += " (BEATS THE PLAN)"
-    else:
+    best = _in_child(_best_baseline, PlanRequest(**plan["request"]), time_limit)
+    if best is None:
         row["best baseline"] = "none feasible"
+        return row
+    name, step_time_s = best
+    row["best baseline"] = name
+    row["baseline ms"] = round(step_time_s * 1e3, 2)
+    slack = (solved_gap or 0.0) * plan["predicted"]["step_time_s"]
+    if plan["predicted"]["step_time_s"] > step_time_s + slack + 1e-12:
+        row["best baseline"] += " (BEATS THE PLAN)"
     return row
+
+
+def _best_baseline(request: PlanRequest, time_limit: float) -> tuple[str, float] | None:
+    """(name, step time) of the fastest feasible baseline on the problem of ``request``."""
+    from strategies.plan.baselines import solve_baselines
+
+    outcome = plan_model(request)
+    baselines = [b for b in solve_baselines(outcome.built, time_limit=time_limit) if b.feasible]
+    if not baselines:
+        return None
+    best = min(baselines, key=lambda b: b.step_time_s)
+    return best.name, best.step_time_s
 
 
 def main() -> None:
@@ -122,15 +146,14 @@ def main() -> None:
     args = parser.parse_args()
     from solver.solve import warm_up_kernels
 
-    warm_up_kernels()  # load the numba kernels once (as a running service has them); children inherit them
+    warm_up_kernels()  # the baselines' children inherit the loaded numba kernels
     columns = COLUMNS if args.repeat <= 1 else (*COLUMNS, RUNS_COLUMN)
     rows = []
     print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns), flush=True)
     for name in args.configs.split(","):
         for mesh, batch, layers, memory_gib in CONFIGS[name]:
             runs = [
-                _in_child(mesh, batch, layers, memory_gib, args.time_limit, args.gap)
-                for _ in range(max(1, args.repeat))
+                run(mesh, batch, layers, memory_gib, args.time_limit, args.gap) for _ in range(args.repeat)
             ]
             row = _median_run(runs)
             rows.append(row)
@@ -143,17 +166,17 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
 
 
-def _in_child(*args: object) -> dict:
-    """`run` in a forked process of its own (not a pool worker: the solver forks its own workers), so
-    "RSS GiB" is that configuration's peak."""
+def _in_child(function: Callable[..., Any], *args: object) -> Any:
+    """``function(*args)`` in a forked process of its own (not a pool worker: the solver forks its own
+    workers), so one configuration's memory does not stay in the next."""
     context = multiprocessing.get_context("fork")
     results = context.Queue()
 
     def child_main() -> None:
         try:
-            results.put(run(*args))  # type: ignore[arg-type]
-        except Exception as error:  # a failed configuration is a row, not a hung benchmark
-            results.put({"mesh": args[0], "layers": args[2], "batch": args[1], "status": f"error: {error}"})
+            results.put(function(*args))
+        except Exception:  # a failed baseline is "none feasible", not a hung benchmark
+            results.put(None)
             raise
 
     child = context.Process(target=child_main)
@@ -163,19 +186,19 @@ def _in_child(*args: object) -> dict:
     return row
 
 
-#: With --repeat: every run's total seconds, in order.
-RUNS_COLUMN = "runs total s"
+#: With --repeat: every run's wall seconds, in order.
+RUNS_COLUMN = "runs wall s"
 
 
 def _median_run(runs: list[dict]) -> dict:
-    """The run of median total time (of an even count, the slower middle one), with every run's total. This
-    machine's timings drift by tens of percent between runs: one run decides nothing near a target."""
-    timed = [r for r in runs if isinstance(r.get("total s"), (int, float))]
+    """The run of median wall time (of an even count, the slower middle one), with every run's wall time.
+    This machine's timings drift by tens of percent between runs: one run decides nothing near a target."""
+    timed = [r for r in runs if isinstance(r.get("wall s"), (int, float))]
     if not timed:
         return runs[-1]
-    row = dict(sorted(timed, key=lambda r: r["total s"])[len(timed) // 2])
+    row = dict(sorted(timed, key=lambda r: r["wall s"])[len(timed) // 2])
     if len(runs) > 1:
-        row[RUNS_COLUMN] = "/".join(str(r.get("total s", "-")) for r in runs)
+        row[RUNS_COLUMN] = "/".join(str(r.get("wall s", "-")) for r in runs)
     return row
 
 

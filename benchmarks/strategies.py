@@ -4,7 +4,7 @@
                                     [--batch 16] [--seq 8192] [--no-edges] [--json]
 
 Builds the layers on the meta device (bf16, global shapes), captures one training step with
-``strategies.capture.capture_joint`` (fake tensors), then, for every ``call_function`` node, calls
+``strategies.graph.capture.capture_joint`` (fake tensors), then, for every ``call_function`` node, calls
 ``op_strategies`` with the node's argument shapes: once with empty caches (cold) and once more (warm).
 It also builds every edge's cost matrix (producer strategies x consumer strategies, our vectorised
 redistribution model), which is what a problem builder needs next. Prints one table row, and the ops
@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 from torch import nn
 
-from strategies.capture import OpCall, capture_joint, op_calls
-from strategies.comm import clear_cache as clear_cost_cache
-from strategies.generate import OpStrategies, clear_cache, op_strategies
-from strategies.mesh import Mesh, make_mesh
+from strategies.cost.comm import clear_cache as clear_cost_cache
+from strategies.cost.mesh import Mesh, make_mesh
+from strategies.graph.capture import OpCall, capture_joint, op_calls
 from strategies.models.llama import TransformerBlock, llama_config
-from strategies.registry import registered_ops
+from strategies.ops.generate import OpStrategies, clear_cache, op_strategies
+from strategies.ops.registry import registered_ops
 
 
 class Layers(nn.Module):

@@ -6,6 +6,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from strategies.units import bytes_text
+
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 
@@ -67,7 +69,7 @@ def _time_lines(predicted: dict[str, Any]) -> list[str]:
     step = predicted["step_time_s"]
     lines = [
         f"predicted step time {_ms(step)}: compute {_ms(predicted['compute_s'])}, "
-        f"communication {_ms(predicted['comm_s'])} ({_bytes(predicted['comm_bytes'])} per device)"
+        f"communication {_ms(predicted['comm_s'])} ({bytes_text(predicted['comm_bytes'])} per device)"
     ]
     collectives = predicted.get("collectives") or {}
     if collectives:
@@ -78,7 +80,7 @@ def _time_lines(predicted: dict[str, Any]) -> list[str]:
 def _memory_line(plan: dict[str, Any]) -> str:
     peak = plan["predicted"]["peak_memory_bytes"]
     budget = plan.get("request", {}).get("memory_gib")
-    text = f"peak memory per device {_bytes(peak)}"
+    text = f"peak memory per device {bytes_text(peak)}"
     if budget:
         text += f" of {budget:g} GiB budget ({100 * peak / (budget * 2**30):.0f}%)"
     return text
@@ -101,11 +103,3 @@ def _spec(spec: list[str] | None) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n} B"

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from strategies.generate import OpStrategies, op_strategies
-from strategies.hardware import HardwareError, get_hardware
-from strategies.mesh import Mesh, MeshError, make_mesh
+from strategies.cost.hardware import HardwareError, get_hardware
+from strategies.cost.mesh import Mesh, MeshError, make_mesh
+from strategies.ops.generate import OpStrategies, op_strategies
 from strategies.placement import NONE, spec_text
 from strategies.tensor_meta import TensorMeta, meta_outputs, parse_dtype
+from strategies.units import bytes_text
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SOURCES = {
@@ -195,7 +196,7 @@ def as_table(request: Request, result: OpStrategies) -> str:
             ),
             "  ".join(_spec(result.input_specs[i, k]) for k in range(len(result.inputs))),
             f"{result.compute_s[i] * 1e6:.2f}",
-            _bytes(int(result.memory_bytes[i])),
+            bytes_text(int(result.memory_bytes[i])),
             ", ".join(_micros(float(s)) for s in from_replicate[:, i]) or "-",
         )
         for i in range(len(result))
@@ -242,10 +243,3 @@ def _finite(value: float) -> float | None:
 
 def _micros(seconds: float) -> str:
     return f"{seconds * 1e6:.2f}" if math.isfinite(seconds) else "inf"
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"

@@ -13,8 +13,10 @@ class ProblemError(ValueError):
 
 
 class InfeasibleError(RuntimeError):
-    """No assignment satisfies the constraints; says why (e.g. the smallest reachable peak)."""
+    """No assignment satisfies the constraints; says why (e.g. the smallest reachable peak, ``min_peak``:
+    exact, or a lower bound when ``min_peak_exact`` is false)."""
 
-    def __init__(self, message: str, min_peak: int | None = None) -> None:
+    def __init__(self, message: str, min_peak: int | None = None, min_peak_exact: bool = True) -> None:
         super().__init__(message)
         self.min_peak = min_peak
+        self.min_peak_exact = min_peak_exact

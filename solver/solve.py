@@ -10,9 +10,9 @@ stops once stale) -> then, by size:
   assignment could overflow, then the steps an answer violates; HiGHS starts with none and separates the
   rows its LP solutions violate from the program's `MemoryProfile`) + a backend warm-started from the
   incumbent;
-- too large for that, few nodes (`solver.pruned`): TRW-S bound and beliefs, the program over each node's
+- too large for that, few nodes (`solver.large.pruned`): TRW-S bound and beliefs, the program over each node's
   best strategies solved whole, then large neighbourhood search if the gap is still open;
-- too large, many nodes: large neighbourhood search (`solver.lns`);
+- too large, many nodes: large neighbourhood search (`solver.large.lns`);
 
 -> the best assignment, mapped back and re-costed by the independent evaluator. The bound is the best proven
 lower bound (the backend's, TRW-S's, the memory-priced Lagrangian's, or every node and edge at its cheapest
@@ -41,18 +41,18 @@ from solver.backends.base import (
     Started,
     closing_gap,
 )
+from solver.bounds.lagrangian_branch import ROUNDING_NOISE, BranchResult, LagrangianBranch
+from solver.bounds.memory_priced import memory_dual_bound
+from solver.bounds.min_peak import min_peak_lower_bound, smallest_peak
 from solver.compact import CompactProblem, compact
 from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
-from solver.heuristic import warm_up
+from solver.heuristics.anytime import warm_up
+from solver.heuristics.portfolio import portfolio_solve
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
-from solver.lagrangian_branch import ROUNDING_NOISE, BranchResult, LagrangianBranch
-from solver.lns import lns_improve
-from solver.memory import min_peak_lower_bound, smallest_peak
-from solver.memory_bound import memory_dual_bound
-from solver.portfolio import portfolio_solve
+from solver.large.lns import lns_improve
+from solver.large.pruned import Pruned, pruned_solve, solve_over
 from solver.problem import Problem
-from solver.pruned import Pruned, pruned_solve, solve_over
 from solver.reductions import Reduced, reduce
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 #: neighbourhood search with the backend.
 FULL_PROGRAM_MAX_VARIABLES = 1_500_000
 #: Without a backend on the whole program: TRW-S for at most this share of the time limit, then the program
-#: over the strategies its beliefs rank best (`solver.pruned`) for at most the next share.
+#: over the strategies its beliefs rank best (`solver.large.pruned`) for at most the next share.
 PRUNED_TRWS_SHARE = 0.25
 PRUNED_SOLVE_SHARE = 0.25
 #: ... and only with at most this many super nodes that have a choice (see `_use_pruned`).
@@ -289,9 +289,9 @@ def _lagrangian_search(
     timings: dict[str, float],
 ) -> BranchResult | None:
     """A certificate without the LP of the whole program (None where it does not apply: no edge, no memory
-    limit, nothing feasible for TRW-S): `solver.lagrangian_branch` for the bound, then the program over the
-    strategies it found promising (every decoding's, the root's best beliefs) solved whole by ``engine`` for
-    the answer -- a program of a few strategies per node. On llama3-8b plans on 8x8 (8 to 80 layers) the
+    limit, nothing feasible for TRW-S): `solver.bounds.lagrangian_branch` for the bound, then the program over
+    the strategies it found promising (every decoding's, the root's best beliefs) solved whole by ``engine``
+    for the answer -- a program of a few strategies per node. On llama3-8b plans on 8x8 (8 to 80 layers) the
     two took 0.1-0.6 s where the whole program's LPs took 2.5-7 s, with answers as good or better."""
     phase = time.perf_counter()
     try:
@@ -460,8 +460,8 @@ def _pruned(
     threads: int,
     relative_gap: float,
 ) -> Pruned:
-    """`solver.pruned`: TRW-S for up to `PRUNED_TRWS_SHARE` of the time limit, then the program over each
-    node's best strategies, whole, for up to `PRUNED_SOLVE_SHARE`."""
+    """`solver.large.pruned`: TRW-S for up to `PRUNED_TRWS_SHARE` of the time limit, then the program over
+    each node's best strategies, whole, for up to `PRUNED_SOLVE_SHARE`."""
     now = time.perf_counter()
     trws_deadline = now + PRUNED_TRWS_SHARE * time_limit
     solve_deadline = min(started + time_limit, trws_deadline + PRUNED_SOLVE_SHARE * time_limit)
@@ -576,6 +576,7 @@ def _peak_error(core: CompactProblem, time_limit: float) -> InfeasibleError:
         f"usage_limit {core.usage_limit} cannot be met: the smallest peak any assignment can reach is "
         f"{qualifier}{peak}",
         min_peak=peak,
+        min_peak_exact=exact,
     )
 
 

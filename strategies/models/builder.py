@@ -1,7 +1,7 @@
 """Models to plan: the built-in ones by name, and users' own from ``path/file.py:factory``.
 
 A :class:`ModelSpec` is what capture needs: the module, example inputs with global shapes, and the loss
-function (``None``: :func:`strategies.capture.default_loss`, the output's ``.loss`` or else its sum).
+function (``None``: :func:`strategies.graph.capture.default_loss`, the output's ``.loss`` or else its sum).
 Built-in models are built on the ``meta`` device by default, so even llama3-70b costs no memory; their
 parameters take ``dtype`` while buffers that must stay precise (RoPE tables) keep float32.
 
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from strategies.capture import JointGraph, LossFn, capture_step
+from strategies.graph.capture import JointGraph, LossFn, capture_step
 from strategies.models.gpt2 import GPT2, GPT2Config
 from strategies.models.llama import PRESETS, Llama
 from strategies.models.mlp import MLP
@@ -52,7 +52,7 @@ class ModelSpec:
         return iter((self.module, self.example_inputs, self.loss_fn))
 
     def capture(self) -> JointGraph:
-        """The joint forward + backward graph of one step (:func:`strategies.capture.capture_step`)."""
+        """The joint forward + backward graph of one step (:func:`strategies.graph.capture.capture_step`)."""
         return capture_step(self.module, self.example_inputs, self.loss_fn)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from strategies.ops.registry import Row
 from strategies.placement import P
-from strategies.registry import Row
 
 
 def partial_passthrough(slots: int, reductions: tuple[int, ...] = (P,)) -> list[Row]:

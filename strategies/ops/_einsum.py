@@ -12,8 +12,8 @@ the output's placement where it has the dim (broadcast dims and size-1 dims stay
 
 from __future__ import annotations
 
+from strategies.ops.registry import Row
 from strategies.placement import NONE, P, R
-from strategies.registry import Row
 
 
 def einsum_rules(equation: str, bias_shape: tuple[int, ...] | None = None) -> list[Row]:

@@ -21,7 +21,7 @@ rejects uneven shards (``even_only``).
 
 The ``_for_cpu`` ops are what CPU capture produces for ``F.scaled_dot_product_attention``; they are
 planned like the flash ops, with FLOPs from ``torch.utils.flop_counter``'s SDPA formulas, and run on
-DTensors through :mod:`strategies.dtensor_bridge`.
+DTensors through :mod:`strategies.ops.dtensor_bridge`.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import torch
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from strategies.ops._einsum import _bias_code
+from strategies.ops.registry import OpInfo, Row, register
 from strategies.placement import NONE, R
-from strategies.registry import OpInfo, Row, register
 from strategies.tensor_meta import TensorMeta
 
 aten = torch.ops.aten

@@ -2,7 +2,7 @@
 every named dim visible, and its strategies.
 
 Why an op of our own: a captured ``F.linear`` on ``[B, S, K]`` is ``view([B*S, K]) -> mm -> view``, and a
-shard of ``S`` cannot pass through the flattening view. :mod:`strategies.graph_passes` rewrites those chains
+shard of ``S`` cannot pass through the flattening view. :mod:`strategies.graph.passes` rewrites those chains
 into this op (``"bsk,kn->bsn"``), so the sequence dim stays a dim of its own and can be sharded (sequence
 and context parallelism). ``aten.einsum`` would not do: make_fx decomposes it back into ``bmm`` and views.
 
@@ -25,7 +25,7 @@ import math
 import torch
 
 from strategies.ops._einsum import einsum_rules
-from strategies.registry import OpInfo, Row, register
+from strategies.ops.registry import OpInfo, Row, register
 
 
 def parse_equation(equation: str) -> tuple[str, str, str]:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from strategies.ops.registry import OpInfo, Row, register
 from strategies.placement import P_MASK, P, R
-from strategies.registry import OpInfo, Row, register
 
 aten = torch.ops.aten
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
+from strategies.ops.registry import OpInfo, Row
 from strategies.placement import NONE, P_AVG, P_MAX, P_MIN, P, R
-from strategies.registry import OpInfo, Row
 from strategies.tensor_meta import TensorMeta
 
 log = logging.getLogger("autoshard.strategies")

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from strategies.ops.registry import OpInfo, Row, register
 from strategies.placement import NONE, P_AVG, P_MAX, P_MIN, P, R
-from strategies.registry import OpInfo, Row, register
 
 aten = torch.ops.aten
 

@@ -7,8 +7,8 @@ import torch
 
 from strategies.ops._common import partial_passthrough
 from strategies.ops._einsum import einsum_rules
+from strategies.ops.registry import OpInfo, Row, register
 from strategies.placement import P_AVG, P_MAX, P_MIN, P, R
-from strategies.registry import OpInfo, Row, register
 from strategies.tensor_meta import TensorMeta
 
 aten = torch.ops.aten

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import torch
 
+from strategies.ops.registry import OpInfo, Row, register
 from strategies.placement import P, R
-from strategies.registry import OpInfo, Row, register
 from strategies.tensor_meta import TensorMeta
 
 aten = torch.ops.aten

@@ -19,9 +19,9 @@ import operator
 import numpy as np
 import torch
 
+from strategies.ops.registry import OpInfo, Row, register
 from strategies.ops.view_ops import VIEW_PARTIALS, follow_rows, normalize_dim
 from strategies.placement import LINEAR_PARTIALS, NONE, PARTIALS, R
-from strategies.registry import OpInfo, Row, register
 from strategies.tensor_meta import TensorMeta, flatten_tensors
 
 aten = torch.ops.aten

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from strategies.ops.registry import OpInfo, Row, RuleFn, register
 from strategies.placement import PARTIALS
-from strategies.registry import OpInfo, Row, RuleFn, register
 
 aten = torch.ops.aten
 

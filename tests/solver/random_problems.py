@@ -67,6 +67,47 @@ def random_problem(
     )
 
 
+def large_problem(
+    rng: np.random.Generator, nodes: int = 5_000, strategies: tuple[int, int] = (4, 12)
+) -> Problem:
+    """A problem no backend proves in seconds: a long chain with skip edges, like a layer graph; some
+    entries forbidden, every node alive over a window, a usage limit that binds. Each node's least-using
+    strategy is allowed everywhere (its edge entries finite), so that assignment proves it feasible: the
+    limit is 1.5x its peak."""
+    counts = rng.integers(strategies[0], strategies[1] + 1, size=nodes)
+    costs = [rng.integers(0, 1000, size=c).astype(float) for c in counts]
+    usages = [rng.integers(1, 100, size=c) for c in counts]
+    lean = np.array([int(np.argmin(u)) for u in usages])
+    for c, keep in zip(costs, lean, strict=True):
+        c[rng.random(len(c)) < 0.05] = np.inf
+        c[keep] = min(c[keep], 1000.0)
+    starts = np.arange(nodes) + rng.integers(0, 3, size=nodes)
+    intervals = np.stack([starts, starts + rng.integers(1, 40, size=nodes)], axis=1)
+    edges = [(i, i + 1) for i in range(nodes - 1)]
+    skips = rng.integers(0, nodes - 2, size=nodes // 2)
+    edges += [(int(u), int(min(nodes - 1, u + rng.integers(2, 30)))) for u in skips]
+    matrices = []
+    for u, v in edges:
+        matrix = rng.integers(0, 500, size=(counts[u], counts[v])).astype(float)
+        matrix[rng.random(matrix.shape) < 0.05] = np.inf
+        matrix[lean[u], lean[v]] = rng.integers(0, 500)
+        matrices.append(matrix)
+    lean_usage = np.array([u[k] for u, k in zip(usages, lean, strict=True)])
+    change = np.zeros(int(intervals.max()) + 1, dtype=np.int64)
+    np.add.at(change, intervals[:, 0], lean_usage)
+    np.add.at(change, intervals[:, 1], -lean_usage)
+    limit = int(1.5 * np.cumsum(change).max())
+    return Problem.from_lists(
+        costs=costs,
+        usages=usages,
+        intervals=intervals,
+        edges=edges,
+        edge_costs=matrices,
+        usage_limit=limit,
+        name="large-random",
+    )
+
+
 def brute_force(problem: Problem) -> tuple[float | None, np.ndarray | None]:
     """(optimal cost, one optimal assignment) by enumerating every assignment; (None, None) if infeasible."""
     counts = problem.strategy_counts.tolist()

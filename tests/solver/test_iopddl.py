@@ -10,13 +10,12 @@ import pytest
 
 from solver import iopddl
 from solver.errors import ProblemError
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks" / "iopddl"
+from tests.bundled_data import EXAMPLE, INSTANCE_G
 
 
 def test_example_round_trips_exactly(tmp_path: Path) -> None:
-    original = json.loads((SHARED / "example.json").read_text())
-    problem = iopddl.load(SHARED / "example.json")
+    original = json.loads((EXAMPLE).read_text())
+    problem = iopddl.load(EXAMPLE)
     assert iopddl.to_dict(problem) == original
     iopddl.save(problem, tmp_path / "copy.json.gz")
     again = iopddl.load(tmp_path / "copy.json.gz")
@@ -24,15 +23,15 @@ def test_example_round_trips_exactly(tmp_path: Path) -> None:
 
 
 def test_contest_instance_round_trips_exactly_with_forbidden_costs(tmp_path: Path) -> None:
-    with gzip.open(SHARED / "asplos-2025-iopddl-G.json.gz", "rt") as handle:
+    with gzip.open(INSTANCE_G, "rt") as handle:
         original = json.load(handle)
-    problem = iopddl.load(SHARED / "asplos-2025-iopddl-G.json.gz")
+    problem = iopddl.load(INSTANCE_G)
     assert problem.is_integral
     assert iopddl.to_dict(problem) == original
 
 
 def test_groups_and_pins_round_trip(tmp_path: Path) -> None:
-    problem = iopddl.load(SHARED / "example.json").replace(groups=((3, 1),), pins={2: 1})
+    problem = iopddl.load(EXAMPLE).replace(groups=((3, 1),), pins={2: 1})
     iopddl.save(problem, tmp_path / "p.json")
     again = iopddl.load(tmp_path / "p.json")
     assert again.groups == ((3, 1),)
@@ -46,7 +45,7 @@ def _write(tmp_path: Path, document: object) -> Path:
 
 
 def _example_document() -> dict:
-    return json.loads((SHARED / "example.json").read_text())
+    return json.loads((EXAMPLE).read_text())
 
 
 @pytest.mark.parametrize(
@@ -83,7 +82,7 @@ def test_invalid_json_and_missing_file_are_problem_errors(tmp_path: Path) -> Non
 
 def test_nan_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "nan.json"
-    path.write_text((SHARED / "example.json").read_text().replace("[15]", "[NaN]"))
+    path.write_text((EXAMPLE).read_text().replace("[15]", "[NaN]"))
     with pytest.raises(ProblemError) as error:
         iopddl.load(path)
     assert error.value.field == "problem.nodes.costs[0]"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +11,7 @@ from solver import iopddl
 from solver.errors import ProblemError
 from solver.evaluate import evaluate
 from solver.problem import Problem
-
-EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks" / "iopddl" / "example.json"
+from tests.bundled_data import EXAMPLE
 
 
 def example() -> Problem:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,9 +25,9 @@ from solver.reductions import (
     dominated_rows,
     reduce,
 )
+from tests.bundled_data import INSTANCE_G
 
 INF = math.inf
-BENCHMARKS = Path("/work/shared/benchmarks/iopddl")
 
 
 # --------------------------------------------------------------------------- random problems
@@ -342,11 +341,10 @@ def test_unknown_reduction_name_is_rejected() -> None:
 
 
 # --------------------------------------------------------------------------- a real instance
-@pytest.mark.skipif(not (BENCHMARKS / "asplos-2025-iopddl-G.json.gz").exists(), reason="benchmark missing")
 def test_real_instance_lifts_costs_exactly() -> None:
     from solver.iopddl import load
 
-    problem = load(BENCHMARKS / "asplos-2025-iopddl-G.json.gz")
+    problem = load(INSTANCE_G)
     reduced: Reduced = reduce(problem)
     small = reduced.problem
     assert small.num_edges < problem.num_edges and compact(small).num_nodes < problem.num_nodes

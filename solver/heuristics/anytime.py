@@ -1,0 +1,289 @@
+"""The fast anytime heuristic: a feasible assignment in seconds, then steady improvement.
+
+It works on a `CompactProblem`: minimise ``sum_k costs[k][s_k] + sum_(a,b) edge[a,b][s_a, s_b]`` subject to
+every chosen cost finite and, at every time step, the summed usage of the live memory terms at most
+``usage_limit``.
+
+1. Contract functional edges (`solver.heuristics.contract`): a node whose strategy another one forces
+   joins it. Exact, and it turns chains that must agree into single nodes.
+2. Start from each node's least-usage strategy (the pointwise least usage profile: if it breaks the limit
+   no assignment keeps it, and we return None), or from ``initial`` when it keeps the limit.
+3. Local search: exact dynamic programming on a random tree around a root with every other node fixed
+   (`solver.heuristics.kernels`): forbidden choices are counted and removed first, then the cost falls.
+   Memory is a hard constraint: a tree node may only raise its usage within the slack of its interval.
+   Moves that force the root off its strategy are accepted by late acceptance (the objective ``L``
+   moves ago), which lets the search leave local optima.
+4. Global targets: min-sum belief propagation on the whole graph with Lagrangian memory prices
+   (`_Prices`, raised by subgradient steps where the target overloads). Each target is adopted node by
+   node as far as the limit allows and the local search restarts from there; the last phase searches
+   from the best assignment until the time is up.
+
+The best violation-free state seen is verified, reported through ``on_incumbent`` and returned.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from solver.compact import CompactProblem, compact
+from solver.heuristics.contract import Contraction, contract
+from solver.heuristics.kernels import adopt, min_sum_bp, search_chunk, seed_rng
+from solver.heuristics.state import (
+    Flat,
+    State,
+    Work,
+    flatten,
+    min_usage_assignment,
+    new_state,
+    new_work,
+    objective_parts,
+    usage_points,
+)
+from solver.problem import Problem
+
+#: Largest induced tree a move re-optimises, and the most work (multiply-adds) it may take.
+MAX_TREE_NODES = 32
+MAX_TREE_WORK = 200_000
+#: Share of moves that force the root's strategy to change.
+FORCED_SHARE = 0.5
+#: Share of moves rooted at a node with a forbidden choice, while there are any.
+FOCUS_SHARE = 0.5
+#: Share of moves on a tree that is not induced (its DP is a heuristic, its result evaluated exactly).
+NON_INDUCED_SHARE = 0.5
+#: Memory pricing rounds (each a BP solve), BP sweeps per round, and the share of the time kept for search.
+MAX_PRICE_ROUNDS = 20
+BP_SWEEPS = 30
+BP_DAMPING = 0.5
+#: Subgradient step on the prices: the first one prices the overload at this share of the target's cost;
+#: it grows while targets overload and shrinks once one has fitted.
+PRICE_FIRST_STEP = 10.0
+PRICE_GROWTH = 2.0
+PRICE_SHRINK = 0.7
+PRICE_ROUND_RESERVE = 0.5
+#: Late acceptance history length, and moves per call into the kernels.
+HISTORY = 2_000
+CHUNK_MOVES = 500
+#: Kernel calls made before the clock is first read (so that even a tiny budget gets an answer).
+FIRST_CHUNKS = 2
+#: Kernel calls after each restart from a priced BP target.
+RESTART_CHUNKS = 20
+
+
+def heuristic_solve(
+    problem: CompactProblem,
+    time_limit: float,
+    seed: int = 0,
+    initial: np.ndarray | None = None,
+    on_incumbent: Callable[[float, np.ndarray], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> np.ndarray | None:
+    """Best feasible super-node assignment found (finite cost, memory within limit), or None."""
+    deadline = time.monotonic() + time_limit
+    if problem.num_nodes == 0:
+        return np.zeros(0, dtype=np.int64)
+    contraction = contract(problem)
+    if contraction is None:
+        return None
+    flat = flatten(contraction.problem)
+    start = min_usage_assignment(flat)
+    if usage_points(flat, start).max(initial=0) > flat.limit:
+        return None
+    if initial is not None and np.shape(initial) == (problem.num_nodes,):
+        restricted = contraction.restrict(np.asarray(initial, dtype=np.int64))
+        if restricted is not None and _fits(flat, restricted):
+            start = restricted
+    seed_rng(seed)
+    rng = np.random.default_rng(seed)
+    work = new_work(flat, MAX_TREE_NODES)
+    state = new_state(flat, start)
+    search = _Search(flat, state, contraction, on_incumbent)
+    prices = _Prices(flat)
+    search.run_chunks(work, FIRST_CHUNKS, math.inf, None)
+    while not search.out_of_time(deadline, stop) and prices.rounds < MAX_PRICE_ROUNDS:
+        target = prices.next_target(time.monotonic() < deadline - PRICE_ROUND_RESERVE * time_limit)
+        if target is None:
+            break
+        search.restart_from(target, start, rng, work, deadline, stop)
+    search.restart_from(search.best_contracted, start, rng, work, deadline, stop, forever=True)
+    return search.best
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel on a tiny problem, so that solves start at once."""
+    problem = Problem.from_lists(
+        costs=[[1.0, 2.0], [3.0, 1.0], [2.0, 2.0]],
+        usages=[[2, 1], [1, 2], [1, 1]],
+        intervals=[[0, 2], [1, 3], [0, 3]],
+        edges=[[0, 1], [1, 2]],
+        edge_costs=[[0.0, 1.0, math.inf, 0.0], [1.0, 0.0, 0.0, 1.0]],
+        usage_limit=4,
+    )
+    flat = flatten(compact(problem))
+    start = min_usage_assignment(flat)
+    state = new_state(flat, start)
+    search = _Search(flat, state, contract(compact(problem)), None)  # type: ignore[arg-type]
+    search.run_chunks(new_work(flat, MAX_TREE_NODES), 1, math.inf, None)
+    target = _Prices(flat).next_target(True)
+    adopt(flat, state, target, np.arange(len(start), dtype=np.int64))
+
+
+class _Search:
+    """Runs the kernels in chunks; keeps the late-acceptance history and the verified incumbent."""
+
+    def __init__(
+        self,
+        flat: Flat,
+        state: State,
+        contraction: Contraction,
+        on_incumbent: Callable[[float, np.ndarray], None] | None,
+    ):
+        self.flat = flat
+        self.state = state
+        self.contraction = contraction
+        self.on_incumbent = on_incumbent
+        self.best: np.ndarray | None = None
+        self.best_contracted: np.ndarray | None = None
+        self.best_cost = np.inf
+        self.history = np.full(HISTORY, np.inf)
+        self.params = np.array(
+            [MAX_TREE_NODES, MAX_TREE_WORK, FORCED_SHARE, FOCUS_SHARE, NON_INDUCED_SHARE], dtype=np.float64
+        )
+        self._reset_history()
+
+    def _objective(self) -> float:
+        s = self.state
+        return float(s.nviol[0] * self.flat.forb + s.finite[0] + s.price[0])
+
+    def _reset_history(self) -> None:
+        self.had_violations = bool(self.state.nviol[0] > 0)
+        self.history[:] = self._objective()
+
+    @staticmethod
+    def out_of_time(deadline: float, stop: Callable[[], bool] | None) -> bool:
+        return time.monotonic() >= deadline or (stop is not None and stop())
+
+    def run_chunks(self, work: Work, chunks: int, deadline: float, stop: Callable[[], bool] | None) -> None:
+        """Up to ``chunks`` kernel calls (any number when negative), stopping at the deadline."""
+        done = 0
+        while done != chunks and not self.out_of_time(deadline, stop):
+            s = self.state
+            focus = _violating_nodes(self.flat, s.assign) if s.nviol[0] > 0 else np.zeros(0, np.int64)
+            search_chunk(self.flat, s, work, self.params, focus, self.history, CHUNK_MOVES)
+            self._after_chunk()
+            done += 1
+
+    def restart_from(
+        self,
+        target: np.ndarray | None,
+        start: np.ndarray,
+        rng: np.random.Generator,
+        work: Work,
+        deadline: float,
+        stop: Callable[[], bool] | None,
+        forever: bool = False,
+    ) -> None:
+        """Search again from ``start`` moved towards ``target`` as far as the memory limit allows."""
+        state = new_state(self.flat, start)
+        if target is not None:
+            adopt(self.flat, state, target, rng.permutation(len(start)).astype(np.int64))
+            state = new_state(self.flat, state.assign)
+        self.state = state
+        self._reset_history()
+        self.run_chunks(work, -1 if forever else RESTART_CHUNKS, deadline, stop)
+
+    def _after_chunk(self) -> None:
+        """Restart the history once feasible; verify and report a new best state."""
+        if self.had_violations and self.state.nviol[0] == 0:
+            self._reset_history()
+        if self.state.best_cost[0] < self.best_cost:
+            candidate = self.state.best.copy()
+            nviol, cost = objective_parts(self.flat, candidate)
+            if nviol == 0 and _fits(self.flat, candidate) and cost < self.best_cost:
+                self.best_contracted = candidate
+                self.best, self.best_cost = self.contraction.expand(candidate), cost
+                if self.on_incumbent is not None:
+                    self.on_incumbent(cost, self.best.copy())
+
+
+class _Prices:
+    """Lagrangian memory prices: ``lambda_p`` per time point, raised where a BP target overloads.
+
+    The price of strategy ``s`` of a node is ``sum over its terms of usage[s] * sum_(p in term) lambda_p``;
+    BP solves the priced problem without the limit. Each round is a projected subgradient step
+    ``lambda_p = max(0, lambda_p + step * (load_p - limit) / limit)`` on the target's load.
+    """
+
+    def __init__(self, flat: Flat):
+        self.flat = flat
+        self.lam = np.zeros(flat.num_points)
+        self.step = 0.0
+        self.rounds = 0
+        self.feasible_seen = False
+        self.rev, self.moff = _message_layout(flat)
+        self.term_node = np.repeat(np.arange(len(flat.ncount)), np.diff(flat.nterm_off))
+
+    def next_target(self, may_raise: bool) -> np.ndarray | None:
+        """BP's assignment under the current prices, then the prices raised; None once it fits."""
+        if self.rounds >= MAX_PRICE_ROUNDS or (self.rounds > 0 and not may_raise):
+            return None
+        self._set_node_prices()
+        target = min_sum_bp(self.flat, self.rev, self.moff, BP_SWEEPS, BP_DAMPING)
+        self.flat.nprice[:] = 0.0
+        self.rounds += 1
+        load = usage_points(self.flat, target)
+        gradient = (load - self.flat.limit) / max(self.flat.limit, 1)
+        fits = not (gradient > 0).any()
+        self.feasible_seen = self.feasible_seen or fits
+        if self.step == 0.0:
+            _, cost = objective_parts(self.flat, target)
+            self.step = PRICE_FIRST_STEP * max(cost, 1.0) / max(float(np.maximum(gradient, 0) @ load), 1e-9)
+        else:
+            self.step *= PRICE_SHRINK if self.feasible_seen else PRICE_GROWTH
+        self.lam = np.maximum(self.lam + self.step * gradient, 0.0)
+        return target
+
+    def _set_node_prices(self) -> None:
+        f = self.flat
+        prefix = np.concatenate([[0.0], np.cumsum(self.lam)])
+        weight = prefix[f.thi] - prefix[f.tlo]
+        prices = np.zeros(len(f.ncost))
+        for q, v in enumerate(self.term_node.tolist()):
+            if weight[q] > 0:
+                count = f.ncount[v]
+                prices[f.noff[v] : f.noff[v] + count] += weight[q] * f.tuse[f.tuoff[q] : f.tuoff[q] + count]
+        f.nprice[:] = prices
+
+
+def _message_layout(flat: Flat) -> tuple[np.ndarray, np.ndarray]:
+    """For BP: the opposite adjacency entry of each entry, and where each entry's message starts."""
+    owner = np.repeat(np.arange(len(flat.ncount)), np.diff(flat.adj_off))
+    first = np.zeros(len(flat.ea), dtype=np.int64)
+    second = np.zeros(len(flat.ea), dtype=np.int64)
+    entries = np.arange(len(flat.adj_edge))
+    is_first = flat.ea[flat.adj_edge] == owner
+    first[flat.adj_edge[is_first]] = entries[is_first]
+    second[flat.adj_edge[~is_first]] = entries[~is_first]
+    rev = np.zeros(len(flat.adj_edge), dtype=np.int64)
+    rev[first] = second
+    rev[second] = first
+    moff = np.concatenate([[0], np.cumsum(flat.ncount[owner])]).astype(np.int64)
+    return rev, moff
+
+
+def _fits(flat: Flat, assign: np.ndarray) -> bool:
+    """True when ``assign`` is a valid index vector whose usage stays within the limit."""
+    if assign.shape != flat.ncount.shape or (assign < 0).any() or (assign >= flat.ncount).any():
+        return False
+    return bool(usage_points(flat, assign).max(initial=0) <= flat.limit)
+
+
+def _violating_nodes(flat: Flat, assign: np.ndarray) -> np.ndarray:
+    """Nodes with a forbidden strategy or on an edge whose chosen pair is forbidden."""
+    node_bad = flat.ncost[flat.noff[:-1] + assign] >= flat.forb
+    edge_bad = flat.ecost[flat.eoff + assign[flat.ea] * flat.ncount[flat.eb] + assign[flat.eb]] >= flat.forb
+    nodes = np.concatenate([np.flatnonzero(node_bad), flat.ea[edge_bad], flat.eb[edge_bad]])
+    return np.unique(nodes).astype(np.int64)

@@ -1,0 +1,126 @@
+"""The plan: what the solver chose, in DESIGN.md's plan JSON (version 1), and what it predicts.
+
+``predicted`` re-derives every figure from the chosen strategies (not from the solver's objective):
+``compute_s`` sums the chosen ops' compute, ``comm_s`` the chosen edges' redistribution time (after the
+overlap discount), ``comm_bytes`` the bytes each device sends or receives on those edges (per the steps
+DTensor takes), ``peak_memory_bytes`` the largest per-device total of live tensors over the step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from solver.evaluate import usage_profile
+from solver.solve import SolveResult
+from strategies.cost.comm import redistribute_steps
+from strategies.placement import NONE, spec_text
+from strategies.problem.builder import COST_UNIT_S, BuiltProblem
+
+PLAN_VERSION = 1
+
+
+def make_plan(
+    built: BuiltProblem, result: SolveResult, request: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Plan JSON for a solved problem; ``request`` (model, mesh, budget, …) is kept so the plan can be
+    explained and reproduced."""
+    if result.solution is None:
+        raise ValueError(f"no plan: the solver returned no solution ({result.status}: {result.message})")
+    chosen = np.asarray(result.solution, dtype=np.int64)
+    nodes = built.nodes
+    parameters = {
+        name: spec_text(nodes[i].output_specs[chosen[i], 0]) for name, i in built.parameter_nodes.items()
+    }
+    if built.repeat is not None:
+        parameters = built.repeat.expand_names(parameters)
+    inputs = [spec_text(nodes[i].output_specs[chosen[i], 0]) for i in built.input_nodes]
+    op_nodes = []
+    for i, node in enumerate(nodes):
+        if node.kind != "op":
+            continue
+        op_nodes.append(
+            {
+                "name": node.name,
+                "op": str(node.op),
+                "output": [
+                    None if meta is None else spec_text(node.output_specs[chosen[i], k])
+                    for k, meta in enumerate(node.outputs)
+                ],
+                "inputs": [_text(node.input_specs[chosen[i], k]) for k in range(node.input_specs.shape[1])],
+            }
+        )
+    predicted = predict(built, chosen)
+    predicted["peak_memory_bytes"] = int(usage_profile(built.problem, chosen)[1].max(initial=0))
+    mesh = built.mesh
+    return {
+        "version": PLAN_VERSION,
+        "mesh": {
+            "shape": list(mesh.shape),
+            "axis_names": list(mesh.axis_names),
+            "hardware": mesh.hardware.name,
+        },
+        "parameters": parameters,
+        "inputs": inputs,
+        "nodes": op_nodes,
+        "predicted": predicted,
+        "solver": {
+            "backend": result.backend,
+            "status": result.status,
+            "objective": _seconds(result.cost),
+            "bound": _seconds(result.bound),
+            "gap": result.gap,
+            "seconds": result.seconds,
+            "variables": result.variables,
+            "constraints": result.constraints,
+        },
+        "request": request or {},
+        "warnings": built.warnings(),
+        **(
+            {}
+            if built.repeat is None
+            else {"layers": {"captured": built.repeat.captured, "total": built.repeat.total}}
+        ),
+    }
+
+
+def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
+    """Step time, compute, communication (seconds and bytes) of an assignment."""
+    problem = built.problem
+    node_weight, edge_weight = built.node_weights(), built.edge_weights()
+    compute = float(sum(node_weight[i] * node.compute_s[chosen[i]] for i, node in enumerate(built.nodes)))
+    comm = 0.0
+    comm_bytes = 0.0
+    collectives: dict[str, float] = {}
+    for e, edge in enumerate(built.edges):
+        seconds = float(problem.edge_matrix(e)[chosen[edge.producer], chosen[edge.consumer]]) * COST_UNIT_S
+        if seconds <= 0:
+            continue
+        comm += seconds
+        producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
+        meta = producer.outputs[edge.output]
+        src = tuple(int(c) for c in producer.output_specs[chosen[edge.producer], edge.output])
+        dst = tuple(int(c) for c in consumer.input_specs[chosen[edge.consumer], edge.argument])
+        for step in redistribute_steps(built.mesh, meta.shape, meta.itemsize, src, dst):
+            if step.collective != "local":
+                comm_bytes += step.nbytes * edge_weight[e]
+                collectives[step.collective] = collectives.get(step.collective, 0) + edge_weight[e]
+    return {
+        "step_time_s": compute + comm,
+        "compute_s": compute,
+        "comm_s": comm,
+        "comm_bytes": int(comm_bytes),
+        "collectives": {name: round(count) for name, count in collectives.items()},
+    }
+
+
+def _text(spec: np.ndarray) -> list[str] | None:
+    return None if (spec == NONE).all() else spec_text(spec)
+
+
+def _seconds(cost: float | None) -> float | None:
+    if cost is None or not math.isfinite(cost):
+        return None
+    return cost * COST_UNIT_S

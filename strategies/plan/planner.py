@@ -1,0 +1,207 @@
+"""Plan a model end to end: build it on the meta device, capture one step, build the problem, solve, plan.
+
+Each phase is timed (``timings`` in the plan) and reported to an optional progress callback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from solver.errors import InfeasibleError
+from solver.solve import SolveResult, solve
+from strategies.cost.mesh import Mesh, make_mesh
+from strategies.graph.passes import exact_mean_losses, expose_sequence_dims
+from strategies.placement import parse_spec
+from strategies.plan.plan_json import make_plan
+from strategies.problem.builder import BuiltProblem, build_problem
+from strategies.problem.layer_repeat import MIN_CAPTURED, LayerRepeat
+from strategies.units import bytes_text
+
+Progress = Callable[[str], None]
+
+DEFAULT_BATCH = 8
+DEFAULT_SEQ = 1024
+DEFAULT_CAPTURED_LAYERS = MIN_CAPTURED
+DEFAULT_GAP = 0.01
+
+
+@dataclass
+class PlanRequest:
+    """What to plan; every field is kept in the plan so it can be explained and reproduced."""
+
+    model: str
+    """A built-in model name (``mlp``, ``gpt2-small``, ``llama3-8b``, …) or ``path/file.py:factory``."""
+    mesh: str
+    """Mesh shape, e.g. ``2x4``."""
+    axis_names: str | None = None
+    """Comma-separated axis names (default ``dp``, ``dp,tp``, ``dp,cp,tp``)."""
+    hardware: str = "h100"
+    """Preset name or a JSON/YAML hardware file."""
+    memory_gib: float | None = None
+    """Per-device memory budget in GiB; ``None``: the hardware's capacity."""
+    batch: int | None = None
+    """Global batch (default 8)."""
+    seq: int | None = None
+    """Sequence length (default 1024; ignored by models without one)."""
+    layers: int | None = None
+    dtype: str = "bfloat16"
+    backend: str = "auto"
+    time_limit: float = 60.0
+    gap: float = DEFAULT_GAP
+    """The solver may stop once its plan is proven within this share of the optimum (0: prove optimality)."""
+    overlap: float = 0.0
+    """Fraction of parameter all-gathers and gradient reductions hidden behind compute."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Model configuration overrides (``{"d": 8192}`` for ``mlp``, config fields for the language models)."""
+    input_placements: dict[int, list[str]] = field(default_factory=dict)
+    """Pinned input placements, e.g. ``{0: ["S(0)", "R"]}``: batch over the first axis."""
+    parameter_placements: dict[str, list[str]] = field(default_factory=dict)
+    share_layers: bool = True
+    """Identical transformer layers (all but the first and last) take the same placements."""
+    captured_layers: int | None = DEFAULT_CAPTURED_LAYERS
+    """Deeper built-in language models are captured with this many layers (first, tied middle copies,
+    last) standing for the whole stack (:mod:`strategies.problem.layer_repeat`); None captures every layer."""
+
+
+@dataclass
+class PlanOutcome:
+    plan: dict[str, Any]
+    built: BuiltProblem
+    result: SolveResult
+    timings: dict[str, float]
+
+
+def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOutcome:
+    """Capture, build, solve and write the plan of ``request``."""
+    say = progress or (lambda message: None)
+    timings: dict[str, float] = {}
+    mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
+    started = time.perf_counter()
+    repeat = _layer_repeat(request)
+    try:
+        built = _capture_and_build(request, mesh, repeat, say, timings)
+    except RepeatMismatch as error:
+        say(f"{error}: capturing every layer")
+        built = _capture_and_build(request, mesh, None, say, timings)
+    say(f"solving: {built.problem.summary()}")
+    phase = time.perf_counter()
+    try:
+        result = solve(
+            built.problem,
+            backend=request.backend,
+            time_limit=request.time_limit,
+            relative_gap=request.gap,
+            progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
+        )
+    except InfeasibleError as error:
+        raise _budget_error(error, request, mesh) from error
+    timings["solve"] = time.perf_counter() - phase
+    plan = make_plan(built, result, request=asdict(request))
+    plan["timings"] = {**timings, "total": time.perf_counter() - started}
+    return PlanOutcome(plan, built, result, timings)
+
+
+def _budget_error(error: InfeasibleError, request: PlanRequest, mesh: Mesh) -> InfeasibleError:
+    """The solver's infeasibility in the user's terms: the budget as it was given (GiB, or the hardware's
+    capacity) and the smallest peak per device any plan can reach."""
+    if error.min_peak is None:
+        return error
+    if request.memory_gib is not None:
+        budget = f"the budget of {request.memory_gib:g} GiB"
+    else:
+        budget = f"the {mesh.hardware.name}'s capacity of {bytes_text(mesh.hardware.memory_bytes)}"
+    qualifier = "" if error.min_peak_exact else "at least "
+    return InfeasibleError(
+        f"no plan fits {budget} per device: the smallest peak any plan can reach is "
+        f"{qualifier}{bytes_text(error.min_peak)} per device",
+        min_peak=error.min_peak,
+        min_peak_exact=error.min_peak_exact,
+    )
+
+
+class RepeatMismatch(ValueError):
+    """The captured middle layers are not identical, so they cannot stand for the whole stack."""
+
+
+def _layer_repeat(request: PlanRequest) -> LayerRepeat | None:
+    """The short capture standing for a deep built-in language model, when the request allows one."""
+    from strategies.models import model_layers
+
+    if not request.share_layers or request.captured_layers is None:
+        return None
+    total = request.layers if request.layers is not None else model_layers(request.model, **request.options)
+    captured = max(request.captured_layers, MIN_CAPTURED)
+    if total is None or total <= captured:
+        return None
+    return LayerRepeat(captured, total)
+
+
+def _capture_and_build(
+    request: PlanRequest,
+    mesh: Mesh,
+    repeat: LayerRepeat | None,
+    say: Progress,
+    timings: dict[str, float],
+) -> BuiltProblem:
+    """Build the model on meta, capture its step, build the problem; ``timings`` gets the seconds of the
+    capture (including building the model) and of the problem build."""
+    from strategies.graph.capture import capture_step
+    from strategies.models import load_model
+    from strategies.tensor_meta import parse_dtype
+
+    started = time.perf_counter()
+    depth = f" ({repeat.captured} of its {repeat.total} layers)" if repeat is not None else ""
+    if ":" in request.model:
+        say(f"building {request.model} (the factory fixes its device, shapes and dtype)")
+        ignored = [name for name in ("batch", "seq", "layers") if getattr(request, name) is not None]
+        if ignored:
+            say(f"  ignored for a factory model: {', '.join(ignored)}")
+    else:
+        say(f"building {request.model}{depth} on the meta device")
+    spec = load_model(
+        request.model,
+        batch=request.batch or DEFAULT_BATCH,
+        seq=request.seq or DEFAULT_SEQ,
+        dtype=parse_dtype(request.dtype),
+        layers=repeat.captured if repeat is not None else request.layers,
+        **request.options,
+    )
+    say("capturing the joint forward + backward graph")
+    graph = capture_step(spec.module, spec.example_inputs, spec.loss_fn)
+    expose_sequence_dims(graph.gm)
+    exact_mean_losses(graph.gm)
+    graph.refresh()
+    phase = time.perf_counter()
+    limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
+    say(f"building the problem on {mesh}")
+    try:
+        built = build_problem(
+            graph.gm,
+            mesh,
+            parameters=graph.parameters,
+            gradients=graph.gradients,
+            inputs=graph.inputs,
+            buffers=graph.buffers,
+            loss=graph.loss,
+            memory_limit=limit,
+            input_placements={int(i): parse_spec(p) for i, p in request.input_placements.items()},
+            parameter_placements={
+                (repeat.captured_name(n) if repeat is not None else n): parse_spec(p)
+                for n, p in request.parameter_placements.items()
+            },
+            overlap=request.overlap,
+            module_path=graph.module_path,
+            share_layers=request.share_layers,
+            repeat=repeat,
+            backward_start=graph.backward_start,
+        )
+    except ValueError as error:
+        if repeat is not None and str(error).startswith("layer repeat"):
+            raise RepeatMismatch(str(error)) from error
+        raise
+    timings["capture"] = phase - started
+    timings["build"] = time.perf_counter() - phase
+    return built

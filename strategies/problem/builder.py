@@ -1,0 +1,474 @@
+"""From a captured training step to the solver's :class:`~solver.problem.Problem`.
+
+Problem nodes (each with its strategy list, cost and memory per strategy):
+
+- one per op node of the joint graph: its :class:`~strategies.ops.generate.OpStrategies`; cost ``compute_s``;
+  memory: its outputs' local bytes, alive from the node to its last consumer (time = execution position);
+- one per parameter: every placement of the tensor (``R`` or ``S(d)`` per axis, no ``P``); it holds the
+  parameter and its optimizer state (Adam: two fp32 moments, sharded like the parameter) for the whole step;
+- one *gradient sink* per parameter, grouped with it (same strategy index, so the gradient ends in the
+  parameter's placement): its one incoming edge is the gradient's reduction (DDP's all-reduce, FSDP's
+  reduce-scatter); it holds the gradient from its production to the end of the step;
+- one per input and buffer placeholder: every placement; inputs are alive until their last use;
+- a loss sink with the single placement all-``R``: every rank needs the loss value.
+
+Repeated transformer layers share decisions (:mod:`strategies.problem.layer_sharing`) when ``module_path`` is
+given and ``share_layers`` is on.
+
+``operator.getitem`` nodes are folded into their producer (consumers read the producer's output ``k``).
+Edges: per consumer tensor argument, the producer-output -> consumer-input redistribution matrix
+(:meth:`OpStrategies.redistribute_from`). Costs are stored in microseconds (``COST_UNIT_S``) so solver
+tolerances see numbers near one; memory in bytes. ``overlap`` discounts the collectives that overlap with
+compute in practice: parameter all-gathers (edges out of a parameter) and gradient reductions (edges into
+a sink) cost ``(1 - overlap)`` of their time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from solver.problem import Problem
+from strategies.cost.comm import dim_pieces, local_sizes, redistribute_matrix
+from strategies.cost.mesh import Mesh
+from strategies.ops.generate import op_strategies
+from strategies.placement import NONE, R, Spec
+from strategies.problem.layer_repeat import LayerRepeat, cost_weights, ghost_intervals
+from strategies.problem.layer_sharing import layer_of, merge_groups, tied_layer_groups, tied_layers
+from strategies.tensor_meta import TensorMeta, flatten_outputs
+
+COST_UNIT_S = 1e-6
+"""Problem costs are in microseconds."""
+
+ADAM_STATE_BYTES = 8
+"""Optimizer state per parameter element: Adam's two fp32 moments."""
+
+
+@dataclass
+class ProblemNode:
+    """What a problem node stands for, to map the solution back."""
+
+    name: str
+    kind: str  # op | parameter | gradient | input | buffer | loss
+    op: Any
+    output_specs: np.ndarray  # [strategy, output, axis]
+    input_specs: np.ndarray  # [strategy, tensor argument, axis]
+    outputs: tuple[TensorMeta | None, ...]
+    compute_s: np.ndarray
+    memory_bytes: np.ndarray
+    call: tuple[tuple, dict] | None = None
+    """An op node's ``(args, kwargs)`` with tensors as :class:`TensorMeta` (global shapes), as
+    ``op_strategies`` read them; ``None`` for other kinds."""
+    rules: str = ""
+    """Where an op node's strategies came from: ``autoshard`` rules, ``pytorch``'s DTensor rules, or
+    ``replicate`` (no rule: all-replicate only)."""
+
+
+@dataclass
+class Edge:
+    producer: int
+    consumer: int
+    output: int
+    argument: int
+    kind: str  # activation | parameter | gradient
+
+
+@dataclass
+class BuiltProblem:
+    problem: Problem
+    nodes: list[ProblemNode]
+    edges: list[Edge]
+    mesh: Mesh
+    parameter_nodes: dict[str, int]
+    gradient_nodes: dict[str, int]
+    input_nodes: list[int]
+    timings: dict[str, float] = field(default_factory=dict)
+    node_weight: np.ndarray | None = None
+    """How many times each node's compute counts in the step (middle copies of a layer repeat), else 1."""
+    edge_weight: np.ndarray | None = None
+    """How many times each edge's redistribution counts in the step, else 1."""
+    repeat: LayerRepeat | None = None
+
+    def warnings(self) -> list[str]:
+        """What the plan cannot do well, a line per cause: ops without a sharding rule (replicated)."""
+        unplaced: dict[str, list[str]] = {}
+        for node in self.nodes:
+            if node.kind == "op" and node.rules == "replicate":
+                unplaced.setdefault(str(node.op), []).append(node.name)
+        return [
+            f"no sharding strategy for {op}: {len(names)} node(s) replicated ({', '.join(names[:3])}"
+            + (", ...)" if len(names) > 3 else ")")
+            for op, names in sorted(unplaced.items())
+        ]
+
+    def node_weights(self) -> np.ndarray:
+        return np.ones(len(self.nodes)) if self.node_weight is None else self.node_weight
+
+    def edge_weights(self) -> np.ndarray:
+        return np.ones(len(self.edges)) if self.edge_weight is None else self.edge_weight
+
+
+def tensor_placements(meta: TensorMeta, mesh: Mesh) -> np.ndarray:
+    """Every ``R``/``S(d)`` spec of a tensor on the mesh (``[n, axes]``), all-``R`` first; a dim is only cut
+    into at most as many pieces as it has elements."""
+    codes = [R, *range(meta.ndim)]
+    specs = np.array(list(itertools.product(codes, repeat=mesh.ndim)), dtype=np.int16).reshape(-1, mesh.ndim)
+    fits = dim_pieces(specs, meta.ndim, mesh.shape) <= np.maximum(np.asarray(meta.shape, dtype=np.int64), 1)
+    return specs[fits.all(axis=1)]
+
+
+class _Builder:
+    def __init__(self, mesh: Mesh, overlap: float) -> None:
+        self.mesh = mesh
+        self.overlap = overlap
+        self.nodes: list[ProblemNode] = []
+        self.intervals: list[tuple[int, int]] = []
+        self.edges: list[Edge] = []
+        self.edge_costs: list[np.ndarray] = []
+        self.groups: list[tuple[int, int]] = []
+        self.pins: dict[int, int] = {}
+
+    def add_node(self, node: ProblemNode, start: int, end: int) -> int:
+        self.nodes.append(node)
+        self.intervals.append((start, end))
+        return len(self.nodes) - 1
+
+    def add_edge(self, producer: int, output: int, consumer: int, argument: int, kind: str) -> None:
+        p, c = self.nodes[producer], self.nodes[consumer]
+        meta = p.outputs[output]
+        assert meta is not None
+        src = p.output_specs[:, output, :]
+        dst = c.input_specs[:, argument, :]
+        if (dst == NONE).all():
+            return
+        seconds = redistribute_matrix(self.mesh, meta.shape, meta.itemsize, src, dst)
+        if kind in ("parameter", "gradient"):
+            seconds = seconds * (1.0 - self.overlap)
+        self.edges.append(Edge(producer, consumer, output, argument, kind))
+        self.edge_costs.append(seconds / COST_UNIT_S)
+
+
+def placeholder_node(
+    name: str, kind: str, meta: TensorMeta, mesh: Mesh, extra_bytes_per_element: int = 0
+) -> ProblemNode:
+    """A parameter, gradient sink, input or buffer: every placement, no compute."""
+    specs = tensor_placements(meta, mesh)
+    numel = local_sizes(specs, meta.shape, mesh.shape).prod(axis=1)
+    memory = numel * (meta.itemsize + extra_bytes_per_element)
+    is_sink = kind == "gradient"
+    return ProblemNode(
+        name=name,
+        kind=kind,
+        op=None,
+        output_specs=specs[:, None, :],
+        input_specs=specs[:, None, :] if is_sink else np.zeros((len(specs), 0, mesh.ndim), dtype=np.int16),
+        outputs=(meta,),
+        compute_s=np.zeros(len(specs)),
+        memory_bytes=memory,
+    )
+
+
+def build_problem(
+    gm: torch.fx.GraphModule,
+    mesh: Mesh,
+    *,
+    parameters: Mapping[str, torch.fx.Node],
+    gradients: Mapping[str, torch.fx.Node],
+    inputs: list[torch.fx.Node],
+    buffers: Mapping[str, torch.fx.Node] | None = None,
+    loss: torch.fx.Node | None = None,
+    memory_limit: int | None = None,
+    input_placements: Mapping[int, Spec] | None = None,
+    parameter_placements: Mapping[str, Spec] | None = None,
+    overlap: float = 0.0,
+    optimizer_state_bytes: int = ADAM_STATE_BYTES,
+    module_path: Mapping[str, str] | None = None,
+    share_layers: bool = True,
+    repeat: LayerRepeat | None = None,
+    backward_start: int | None = None,
+) -> BuiltProblem:
+    """The whole-graph problem of one captured step (see the module docstring).
+
+    ``repeat``: the graph holds ``repeat.captured`` layers of a stack of ``repeat.total``
+    (:mod:`strategies.problem.layer_repeat`); needs ``module_path``, ``share_layers`` and ``backward_start``
+    (the index in execution order of the first backward op).
+    """
+    import time
+
+    started = time.perf_counter()
+    b = _Builder(mesh, overlap)
+    buffers = buffers or {}
+    order = [n for n in gm.graph.nodes if n.op == "call_function"]
+    position = {n: i + 1 for i, n in enumerate(order)}
+    end = len(order) + 2
+    last_use = {
+        n: max((position.get(u, end - 1) for u in n.users), default=position.get(n, 0))
+        for n in gm.graph.nodes
+    }
+    index_of: dict[torch.fx.Node, int] = {}
+    parameter_nodes: dict[str, int] = {}
+    input_nodes: list[int] = []
+
+    role = {node: ("parameter", name) for name, node in parameters.items()}
+    role.update({node: ("buffer", name) for name, node in buffers.items()})
+    role.update({node: ("input", str(i)) for i, node in enumerate(inputs)})
+    for node in gm.graph.nodes:
+        if node.op != "placeholder" or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        kind, name = role.get(node, ("input", node.name))
+        meta = TensorMeta.of(node.meta["val"])
+        extra = optimizer_state_bytes if kind == "parameter" else 0
+        pn = placeholder_node(name if kind != "input" else node.name, kind, meta, mesh, extra)
+        alive = (0, end) if kind in ("parameter", "buffer") else (0, last_use[node] + 1)
+        index_of[node] = b.add_node(pn, *alive)
+        if kind == "parameter":
+            parameter_nodes[name] = index_of[node]
+        elif kind == "input":
+            input_nodes.append(index_of[node])
+
+    strategies_s = time.perf_counter()
+    for node in order:
+        if node.target is operator.getitem:
+            continue
+        call = _op_call(node)
+        strategies = op_strategies(
+            node.target, call[0], call[1], mesh, outputs=flatten_outputs(node.meta["val"])
+        )
+        pn = ProblemNode(
+            name=node.name,
+            kind="op",
+            op=node.target,
+            output_specs=strategies.output_specs,
+            input_specs=strategies.input_specs,
+            outputs=strategies.outputs,
+            compute_s=strategies.compute_s,
+            memory_bytes=strategies.memory_bytes,
+            call=call,
+            rules=strategies.source,
+        )
+        index_of[node] = b.add_node(pn, position[node], _alive_until(node, last_use) + 1)
+    strategies_s = time.perf_counter() - strategies_s
+
+    edges_s = time.perf_counter()
+    for node in order:
+        if node.target is operator.getitem:
+            continue
+        consumer = index_of[node]
+        for argument, source in enumerate(_tensor_sources(node)):
+            if source is None:
+                continue
+            producer_node, output = source
+            if producer_node not in index_of:
+                raise ValueError(
+                    f"graph: {node.name} ({node.target}) reads {producer_node.name} ({producer_node.op}), "
+                    "which is neither an input, parameter, buffer nor op of the step"
+                )
+            kind = "parameter" if b.nodes[index_of[producer_node]].kind == "parameter" else "activation"
+            b.add_edge(index_of[producer_node], output, consumer, argument, kind)
+    gradient_nodes: dict[str, int] = {}
+    for name, grad_node in gradients.items():
+        source = _resolve(grad_node)
+        param_index = parameter_nodes[name]
+        meta = b.nodes[param_index].outputs[0]
+        sink = placeholder_node(f"{name}.grad", "gradient", meta, mesh)
+        start = position.get(source[0], 0)
+        gradient_nodes[name] = b.add_node(sink, start, end)
+        b.add_edge(index_of[source[0]], source[1], gradient_nodes[name], 0, "gradient")
+        b.groups.append((param_index, gradient_nodes[name]))
+    if loss is not None:  # every rank needs the loss value: it ends replicated
+        source = _resolve(loss)
+        meta = b.nodes[index_of[source[0]]].outputs[source[1]]
+        sink = placeholder_node("loss", "loss", meta, mesh)
+        sink.output_specs = sink.output_specs[:1]
+        sink.input_specs = sink.output_specs.copy()
+        sink.compute_s, sink.memory_bytes = sink.compute_s[:1], sink.memory_bytes[:1]
+        loss_index = b.add_node(sink, end - 1, end)
+        b.add_edge(index_of[source[0]], source[1], loss_index, 0, "activation")
+    edges_s = time.perf_counter() - edges_s
+
+    for i, spec in (input_placements or {}).items():
+        b.pins[input_nodes[i]] = _spec_index(b.nodes[input_nodes[i]], spec, f"inputs[{i}]")
+    for name, spec in (parameter_placements or {}).items():
+        if name not in parameter_nodes:
+            raise ValueError(f"parameters.{name}: no such parameter")
+        b.pins[parameter_nodes[name]] = _spec_index(
+            b.nodes[parameter_nodes[name]], spec, f"parameters.{name}"
+        )
+
+    node_weight = edge_weight = None
+    if share_layers and module_path:
+        ops = [(n.name, _signature(n), index_of[n]) for n in order if n.target is not operator.getitem]
+        paths = _inherit_layer_paths(order, module_path)
+        b.groups.extend(tied_layer_groups(ops, paths, parameter_nodes))
+        if repeat is not None:
+            node_weight, edge_weight = _repeat(b, repeat, ops, paths, backward_start, end)
+    elif repeat is not None:
+        raise ValueError("layer repeat: needs the module paths of the graph and shared layers")
+    node_scale = np.ones(len(b.nodes)) if node_weight is None else node_weight
+    edge_scale = np.ones(len(b.edges)) if edge_weight is None else edge_weight
+    problem = Problem.from_lists(
+        costs=[n.compute_s / COST_UNIT_S * w for n, w in zip(b.nodes, node_scale.tolist(), strict=True)],
+        usages=[n.memory_bytes for n in b.nodes],
+        intervals=b.intervals,
+        edges=[(e.producer, e.consumer) for e in b.edges],
+        edge_costs=[m * w for m, w in zip(b.edge_costs, edge_scale.tolist(), strict=True)],
+        usage_limit=memory_limit,
+        groups=merge_groups(b.groups),
+        pins=b.pins,
+        name="autoshard",
+    )
+    built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
+    built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
+    built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
+    return built
+
+
+def _repeat(
+    b: _Builder,
+    repeat: LayerRepeat,
+    ops: list[tuple[str, Any, int]],
+    paths: Mapping[str, str],
+    backward_start: int | None,
+    step_end: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Weights for the middle copies of a layer repeat, and ghost nodes for the layers left out."""
+    tied = tied_layers(ops, paths)
+    if len(tied) != repeat.captured - 2:
+        raise ValueError(
+            f"layer repeat: the {repeat.captured - 2} middle layers of the capture are not identical "
+            f"(tied: {tied}); plan the whole stack instead"
+        )
+    if backward_start is None:
+        raise ValueError("layer repeat: needs backward_start")
+    node_layer: list[int | None] = []
+    for node in b.nodes:
+        name = node.name.removesuffix(".grad") if node.kind == "gradient" else node.name
+        node_layer.append(layer_of(paths.get(name, "") if node.kind == "op" else name))
+    node_weight, edge_weight = cost_weights(
+        repeat, node_layer, [(e.producer, e.consumer) for e in b.edges], tied
+    )
+    members = [i for i, layer in enumerate(node_layer) if layer == tied[0]]
+    op_starts = [b.intervals[i][0] for i in members if b.nodes[i].kind == "op"]
+    forward_end = max(p for p in op_starts if p <= backward_start) + 1
+    backward_begin = min(p for p in op_starts if p > backward_start)
+    kinds = [n.kind for n in b.nodes]
+    if repeat.left_out > 0:
+        for i, interval in ghost_intervals(
+            b.intervals, kinds, members, forward_end, backward_begin, step_end
+        ):
+            node = b.nodes[i]
+            ghost = ProblemNode(
+                name=f"{node.name} (x{repeat.left_out} left-out layers)",
+                kind="ghost",
+                op=None,
+                output_specs=node.output_specs,
+                input_specs=np.zeros((len(node.output_specs), 0, b.mesh.ndim), dtype=np.int16),
+                outputs=node.outputs,
+                compute_s=np.zeros(len(node.output_specs)),
+                memory_bytes=node.memory_bytes * repeat.left_out,
+            )
+            b.groups.append((i, b.add_node(ghost, *interval)))
+    node_weight = np.concatenate([node_weight, np.zeros(len(b.nodes) - len(node_weight))])
+    return node_weight, edge_weight
+
+
+def _inherit_layer_paths(order: list[torch.fx.Node], module_path: Mapping[str, str]) -> dict[str, str]:
+    """Module paths where nodes without a layer (gradient accumulation adds, casts autograd inserts)
+    take the path of their first argument that has one of its own (else one it inherited), so they are
+    tied with their layer too. (A chain of residual-gradient accumulations would otherwise pass the last
+    layer's path down the whole backward pass.)"""
+    paths = dict(module_path)
+    for node in order:
+        if layer_of(paths.get(node.name, "")) is not None:
+            continue
+        sources = node.all_input_nodes
+        own = [s for s in sources if layer_of(module_path.get(s.name, "")) is not None]
+        inherited = [s for s in sources if layer_of(paths.get(s.name, "")) is not None]
+        if own or inherited:
+            paths[node.name] = paths[(own or inherited)[0].name]
+    return paths
+
+
+def _signature(node: torch.fx.Node) -> tuple:
+    """What makes two op nodes interchangeable: the op, its arguments' shapes and values, its outputs."""
+    args, kwargs = _op_call(node)
+    return (node.target, repr(args), repr(sorted(kwargs.items())), repr(flatten_outputs(node.meta["val"])))
+
+
+def _spec_index(node: ProblemNode, spec: Spec, field_name: str) -> int:
+    matches = np.flatnonzero((node.output_specs[:, 0, :] == np.asarray(spec)).all(axis=1))
+    if not len(matches):
+        from strategies.placement import spec_text
+
+        raise ValueError(
+            f"{field_name}: placement {spec_text(spec)} is not possible for shape {node.outputs[0]}"
+        )
+    return int(matches[0])
+
+
+def _alive_until(node: torch.fx.Node, last_use: dict) -> int:
+    """Last use of a node's outputs, looking through the getitem nodes that read them."""
+    uses = [last_use[node]]
+    uses += [last_use[u] for u in node.users if u.target is operator.getitem]
+    return max(uses)
+
+
+def _resolve(node: torch.fx.Node) -> tuple[torch.fx.Node, int]:
+    """(producer, output index), looking through ``getitem``."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        return node.args[0], int(node.args[1])
+    return node, 0
+
+
+def _tensor_sources(node: torch.fx.Node) -> list[tuple[torch.fx.Node, int] | None]:
+    """Per flattened tensor argument (the order ``op_strategies`` uses): its producer and output index."""
+    sources: list[tuple[torch.fx.Node, int] | None] = []
+
+    def visit(value: Any) -> None:
+        if isinstance(value, torch.fx.Node):
+            val = value.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                sources.append(_resolve(value))
+            elif isinstance(val, (tuple, list)):
+                for k, v in enumerate(val):
+                    if isinstance(v, torch.Tensor):
+                        sources.append((value, k))
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                visit(v)
+
+    visit(node.args)
+    visit(node.kwargs)
+    return sources
+
+
+def _op_call(node: torch.fx.Node) -> tuple[tuple, dict]:
+    """The node's arguments with fx nodes replaced by TensorMeta (tuples of them for multi-output values)."""
+
+    def meta(value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            val = value.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                return TensorMeta.of(val)
+            if isinstance(val, (tuple, list)):
+                return tuple(TensorMeta.of(v) if isinstance(v, torch.Tensor) else None for v in val)
+            return val
+        if isinstance(value, (list, tuple)):
+            return type(value)(meta(v) for v in value)
+        if isinstance(value, dict):
+            return {k: meta(v) for k, v in value.items()}
+        return value
+
+    return meta(node.args), meta(node.kwargs)
+
+
+__all__ = ["COST_UNIT_S", "BuiltProblem", "build_problem", "tensor_placements"]

@@ -1,0 +1,88 @@
+"""``autoshard plan``: writes the plan JSON, prints a summary, exits 0 / 2 (bad input) / 3 (no plan fits)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from service.cli import app
+
+
+def autoshard(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_plan_writes_the_plan_and_prints_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    code, stdout, stderr = autoshard(
+        "plan", "--model", "mlp", "--mesh", "4", "--batch", "65536", "--out", str(out), "--time-limit", "30"
+    )
+    assert code == 0, stderr
+    plan = json.loads(out.read_text())
+    assert plan["version"] == 1 and plan["parameters"]["w1.weight"] == ["R"]
+    assert "predicted step time" in stdout and "certificate: optimal" in stdout
+    assert "w1.weight" in stdout and f"plan written to {out}" in stdout
+    assert "capturing" in stderr  # progress goes to stderr
+
+
+def test_layers_with_the_same_placements_are_folded_in_the_summary() -> None:
+    from service.plan_view import summary
+
+    plan = {
+        "mesh": {"shape": [2, 4], "axis_names": ["dp", "tp"], "hardware": "h100"},
+        "parameters": {f"layers.{i}.attention.wq.weight": ["R", "S(0)"] for i in range(32)}
+        | {"layers.7.feed_forward.w1.weight": ["S(0)", "S(0)"], "norm.weight": ["R", "R"]},
+        "inputs": [["S(0)", "R"]],
+        "predicted": {
+            "step_time_s": 1.0,
+            "compute_s": 0.9,
+            "comm_s": 0.1,
+            "comm_bytes": 2048,
+            "peak_memory_bytes": 2**30,
+        },
+        "solver": {
+            "backend": "highs",
+            "status": "optimal",
+            "bound": 1.0,
+            "gap": 0.0,
+            "variables": 10,
+            "seconds": 1.0,
+        },
+        "request": {"model": "llama3-8b", "memory_gib": 80},
+    }
+    text = summary(plan)
+    assert "layers.[0-31].attention.wq.weight  [R, S(0)]" in text
+    assert "layers.[7].feed_forward.w1.weight" in text
+    assert "of 80 GiB budget" in text
+
+
+def test_unknown_models_and_bad_meshes_exit_2_naming_the_field(tmp_path: Path) -> None:
+    code, _, stderr = autoshard("plan", "--model", "nope", "--mesh", "4", "--out", str(tmp_path / "p.json"))
+    assert code == 2 and "model" in stderr
+    code, _, stderr = autoshard("plan", "--model", "mlp", "--mesh", "4x", "--out", str(tmp_path / "p.json"))
+    assert code == 2 and "mesh" in stderr
+
+
+def test_a_budget_nothing_fits_exits_3(tmp_path: Path) -> None:
+    code, _, stderr = autoshard(
+        "plan",
+        "--model",
+        "mlp",
+        "--mesh",
+        "4",
+        "--batch",
+        "16384",
+        "--memory-gib",
+        "0.01",
+        "--out",
+        str(tmp_path / "p.json"),
+        "--time-limit",
+        "20",
+        "-q",
+    )
+    assert code == 3 and "no plan fits the budget of 0.01 GiB per device" in stderr
+    assert "the smallest peak any plan can reach is" in stderr and " MiB per device" in stderr
+    assert "usage_limit" not in stderr  # the solver's words stay inside
