@@ -153,6 +153,10 @@ def plan_command(
             min=0,
         ),
     ] = 4,
+    baseline: Annotated[
+        str | None,
+        typer.Option(help="plan a hand-written layout instead: ddp, fsdp, megatron or fsdp_tp"),
+    ] = None,
     overlap: Annotated[
         float, typer.Option(help="fraction of parameter gathers / gradient reductions hidden", min=0, max=1)
     ] = 0.0,
@@ -182,6 +186,7 @@ def plan_command(
         gap=gap,
         captured_layers=captured_layers or None,
         overlap=overlap,
+        baseline=baseline,
     )
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
     try:
@@ -222,6 +227,61 @@ def explain_command(
         _emit(report, None)
     else:
         typer.echo(explain_text(report))
+
+
+@app.command("run")
+def run_command(
+    model: Annotated[
+        str, typer.Option(help="the model the plan was made for (name or path/file.py:factory)")
+    ],
+    plan: Annotated[Path, typer.Option(help="plan JSON written by `autoshard plan`")],
+    nproc: Annotated[
+        int | None, typer.Option(help="ranks to start (default: the plan's mesh size)", min=1)
+    ] = None,
+    backend: Annotated[str, typer.Option(help="gloo (CPU) or nccl (GPU)")] = "gloo",
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    steps: Annotated[int, typer.Option(help="training steps", min=1)] = 1,
+    optimizer: Annotated[str, typer.Option(help="sgd or adamw")] = "sgd",
+    lr: Annotated[float, typer.Option(help="learning rate", min=0)] = 1e-3,
+    seed: Annotated[int, typer.Option(help="seed of the built-in models' weights and inputs")] = 0,
+    check: Annotated[
+        bool, typer.Option("--check", help="compare loss, gradients and parameters with one process")
+    ] = False,
+    report: Annotated[Path | None, typer.Option(help="write the report JSON here")] = None,
+) -> None:
+    """Apply a plan with DTensor on N ranks and train; inside `torchrun`, run as one of its ranks.
+
+    Prints the report (loss per step, step time, collectives measured vs predicted); exit 0, 1 when a rank
+    failed or --check found a difference (naming the tensor), 2 for bad input (a plan for another model,
+    mesh, version or world size).
+    """
+    from runtime.launch import RunFailed, run
+    from runtime.planned_step import PlanMismatch
+    from runtime.report import report_text
+    from runtime.worker import RunOptions
+
+    if optimizer not in ("sgd", "adamw"):
+        _fail(f"--optimizer: unknown optimizer {optimizer!r}; choose sgd or adamw", EXIT_BAD_INPUT)
+    options = RunOptions(
+        model=model,
+        plan=str(plan),
+        steps=steps,
+        optimizer=optimizer,
+        lr=lr,
+        check=check,
+        report=None if report is None else str(report.resolve()),
+        seed=seed,
+        device=device,
+        backend=backend,
+    )
+    try:
+        result = run(options, nproc)
+    except PlanMismatch as error:
+        _fail(str(error), EXIT_BAD_INPUT)
+    except RunFailed as error:
+        _fail(str(error), error.exit_code)
+    if int(os.environ.get("RANK", "0")) == 0:  # inside torchrun every rank has the report
+        typer.echo(report_text(result))
 
 
 def _print_progress(phase: str, seconds: float, incumbent: float, bound: float) -> None:

@@ -170,6 +170,18 @@ def capture_joint(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None)
     return capture_step(module, inputs, loss_fn).gm
 
 
+def input_tensors(inputs: Any) -> list[torch.Tensor]:
+    """The tensors of example inputs in the order the captured step takes them (``JointGraph.inputs``)."""
+    leaves, _ = tree_flatten(_as_args_kwargs(inputs))
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def call_module(module: nn.Module, inputs: Any) -> Any:
+    """``module(*args, **kwargs)`` for example inputs as :func:`capture_step` takes them."""
+    args, kwargs = _as_args_kwargs(inputs)
+    return module(*args, **kwargs)
+
+
 def _as_args_kwargs(inputs: Any) -> tuple[tuple, dict]:
     """Example inputs as ``(args, kwargs)``: a mapping is keywords, a tensor one argument, else positions."""
     if isinstance(inputs, Mapping):

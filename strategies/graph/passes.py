@@ -37,12 +37,15 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.fx import Graph, GraphModule, Node
 
 from strategies.ops.einsum_ops import EINSUM
+
+if TYPE_CHECKING:
+    from strategies.graph.capture import JointGraph
 
 aten = torch.ops.aten
 _getitem = operator.getitem
@@ -66,6 +69,18 @@ PROVENANCE_KEYS = (
     "partitioner_tag",
 )
 """Node meta copied from a replaced matmul to its einsum (where the node came from)."""
+
+
+def capture_for_planning(module: torch.nn.Module, inputs: Any, loss_fn: Any = None) -> JointGraph:
+    """One training step captured (:func:`~strategies.graph.capture.capture_step`) and rewritten by the
+    passes the planner plans on: the graph a plan names, node for node."""
+    from strategies.graph.capture import capture_step
+
+    graph = capture_step(module, inputs, loss_fn)
+    expose_sequence_dims(graph.gm)
+    exact_mean_losses(graph.gm)
+    graph.refresh()
+    return graph
 
 
 def expose_sequence_dims(gm: GraphModule) -> int:

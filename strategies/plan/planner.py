@@ -8,17 +8,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from solver.errors import InfeasibleError
 from solver.solve import SolveResult, solve
 from strategies.cost.mesh import Mesh, make_mesh
-from strategies.graph.passes import exact_mean_losses, expose_sequence_dims
+from strategies.graph.passes import capture_for_planning
 from strategies.placement import parse_spec
 from strategies.plan.plan_json import make_plan
 from strategies.problem.builder import BuiltProblem, build_problem
 from strategies.problem.layer_repeat import MIN_CAPTURED, LayerRepeat
 from strategies.units import bytes_text
+
+if TYPE_CHECKING:
+    from strategies.graph.capture import JointGraph
+    from strategies.models import ModelSpec
 
 Progress = Callable[[str], None]
 
@@ -64,6 +68,9 @@ class PlanRequest:
     captured_layers: int | None = DEFAULT_CAPTURED_LAYERS
     """Deeper built-in language models are captured with this many layers (first, tied middle copies,
     last) standing for the whole stack (:mod:`strategies.problem.layer_repeat`); None captures every layer."""
+    baseline: str | None = None
+    """Plan a hand-written layout instead (``ddp``, ``fsdp``, ``megatron``, ``fsdp_tp``): its parameter and
+    batch placements are pinned and the solver chooses the rest (:mod:`strategies.plan.baselines`)."""
 
 
 @dataclass
@@ -79,6 +86,7 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
     say = progress or (lambda message: None)
     timings: dict[str, float] = {}
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
+    _check_baseline(request.baseline, mesh)
     started = time.perf_counter()
     repeat = _layer_repeat(request)
     try:
@@ -86,11 +94,14 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
     except RepeatMismatch as error:
         say(f"{error}: capturing every layer")
         built = _capture_and_build(request, mesh, None, say, timings)
-    say(f"solving: {built.problem.summary()}")
+    problem = built.problem
+    if request.baseline is not None:
+        problem = problem.replace(pins={**problem.pins, **_baseline_pins(request.baseline, built)})
+    say(f"solving: {problem.summary()}")
     phase = time.perf_counter()
     try:
         result = solve(
-            built.problem,
+            problem,
             backend=request.backend,
             time_limit=request.time_limit,
             relative_gap=request.gap,
@@ -102,6 +113,22 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
     plan = make_plan(built, result, request=asdict(request))
     plan["timings"] = {**timings, "total": time.perf_counter() - started}
     return PlanOutcome(plan, built, result, timings)
+
+
+def _check_baseline(name: str | None, mesh: Mesh) -> None:
+    """Refuse an unknown hand-written layout, or one the mesh cannot hold, before any work."""
+    from strategies.plan.baselines import BASELINES
+
+    if name is not None and name not in BASELINES:
+        raise ValueError(f"baseline: unknown layout {name!r}; choose one of {', '.join(BASELINES)}")
+    if name == "fsdp_tp" and mesh.ndim < 2:
+        raise ValueError("baseline: fsdp_tp needs a mesh of 2 or more axes")
+
+
+def _baseline_pins(name: str, built: BuiltProblem) -> dict[int, int]:
+    from strategies.plan.baselines import baseline_pins
+
+    return baseline_pins(name, built)
 
 
 def _budget_error(error: InfeasibleError, request: PlanRequest, mesh: Mesh) -> InfeasibleError:
@@ -139,6 +166,40 @@ def _layer_repeat(request: PlanRequest) -> LayerRepeat | None:
     return LayerRepeat(captured, total)
 
 
+def capture_request(
+    request: PlanRequest,
+    layers: int | None,
+    device: str = "meta",
+    say: Progress | None = None,
+    depth: str = "",
+) -> tuple[JointGraph, ModelSpec]:
+    """The model of ``request`` built on ``device`` (``layers`` deep; a factory fixes its own) and its
+    training step captured and rewritten as the planner plans it: the runtime captures the same graph.
+    ``depth`` is said after the model's name (``" (4 of its 32 layers)"``)."""
+    from strategies.models import load_model
+    from strategies.tensor_meta import parse_dtype
+
+    say = say or (lambda message: None)
+    if ":" in request.model:
+        say(f"building {request.model} (the factory fixes its device, shapes and dtype)")
+        ignored = [name for name in ("batch", "seq", "layers") if getattr(request, name) is not None]
+        if ignored:
+            say(f"  ignored for a factory model: {', '.join(ignored)}")
+    else:
+        say(f"building {request.model}{depth} on the {device} device")
+    spec = load_model(
+        request.model,
+        batch=request.batch or DEFAULT_BATCH,
+        seq=request.seq or DEFAULT_SEQ,
+        dtype=parse_dtype(request.dtype),
+        layers=layers,
+        device=device,
+        **request.options,
+    )
+    say("capturing the joint forward + backward graph")
+    return capture_for_planning(spec.module, spec.example_inputs, spec.loss_fn), spec
+
+
 def _capture_and_build(
     request: PlanRequest,
     mesh: Mesh,
@@ -148,32 +209,10 @@ def _capture_and_build(
 ) -> BuiltProblem:
     """Build the model on meta, capture its step, build the problem; ``timings`` gets the seconds of the
     capture (including building the model) and of the problem build."""
-    from strategies.graph.capture import capture_step
-    from strategies.models import load_model
-    from strategies.tensor_meta import parse_dtype
-
     started = time.perf_counter()
     depth = f" ({repeat.captured} of its {repeat.total} layers)" if repeat is not None else ""
-    if ":" in request.model:
-        say(f"building {request.model} (the factory fixes its device, shapes and dtype)")
-        ignored = [name for name in ("batch", "seq", "layers") if getattr(request, name) is not None]
-        if ignored:
-            say(f"  ignored for a factory model: {', '.join(ignored)}")
-    else:
-        say(f"building {request.model}{depth} on the meta device")
-    spec = load_model(
-        request.model,
-        batch=request.batch or DEFAULT_BATCH,
-        seq=request.seq or DEFAULT_SEQ,
-        dtype=parse_dtype(request.dtype),
-        layers=repeat.captured if repeat is not None else request.layers,
-        **request.options,
-    )
-    say("capturing the joint forward + backward graph")
-    graph = capture_step(spec.module, spec.example_inputs, spec.loss_fn)
-    expose_sequence_dims(graph.gm)
-    exact_mean_losses(graph.gm)
-    graph.refresh()
+    layers = repeat.captured if repeat is not None else request.layers
+    graph, _ = capture_request(request, layers, say=say, depth=depth)
     phase = time.perf_counter()
     limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
     say(f"building the problem on {mesh}")

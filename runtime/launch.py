@@ -1,0 +1,125 @@
+"""Start the ranks of `autoshard run`: PyTorch's elastic launcher here, or the caller's `torchrun`.
+
+Inside `torchrun` (``RANK`` and ``WORLD_SIZE`` set) the command is one rank and runs it. Otherwise it starts
+``nproc`` local ranks through ``torch.distributed.launcher.elastic_launch`` (the launcher behind
+`torchrun`), on a free port of 127.0.0.1: a rank that fails makes the launcher stop the others, so a dead
+rank ends the run instead of hanging it, and its error comes back naming the rank. What can be refused
+before any rank starts (the plan file, its version, a mesh that needs another number of ranks) is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+from runtime.planned_step import PlanMismatch, check_plan
+from runtime.worker import CheckFailed, RunOptions, load_plan
+
+#: Exit codes of `autoshard run`.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class RunFailed(RuntimeError):
+    """A rank failed; ``exit_code`` is what `autoshard run` exits with."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def in_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def check_before_start(options: RunOptions, nproc: int | None) -> int:
+    """The number of ranks to start (``nproc``, default the plan's mesh size), after refusing what needs no
+    rank to refuse."""
+    plan = load_plan(options.plan)
+    check_plan(plan)
+    size = math.prod(plan["mesh"]["shape"])
+    world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else (nproc or size)
+    if world != size:
+        raise PlanMismatch(
+            f"world size: the plan's mesh {plan['mesh']['shape']} needs {size} ranks, this run has {world}"
+        )
+    if options.backend not in ("gloo", "nccl"):
+        raise PlanMismatch(f"--backend: unknown backend {options.backend!r}; choose gloo or nccl")
+    if options.device not in ("cpu", "cuda"):
+        raise PlanMismatch(f"--device: unknown device {options.device!r}; choose cpu or cuda")
+    return world
+
+
+def run(options: RunOptions, nproc: int | None = None) -> dict[str, Any]:
+    """Run the plan on every rank; the report of rank 0. Raises :class:`PlanMismatch` for bad input found
+    before the start, :class:`RunFailed` when a rank failed."""
+    world = check_before_start(options, nproc)
+    if in_torchrun():
+        return rank_main(options)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=world,
+        run_id=f"autoshard-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        max_restarts=0,
+        monitor_interval=0.2,
+        start_method="spawn",
+    )
+    try:
+        reports = elastic_launch(config, rank_main)(options)
+    except ChildFailedError as error:
+        raise _failure(error) from None
+    return reports[0]
+
+
+def rank_main(options: RunOptions) -> dict[str, Any]:
+    """One rank: join the process group the launcher set up, run, write the report (rank 0)."""
+    import torch.distributed as dist
+
+    from runtime.worker import run_rank
+
+    dist.init_process_group(options.backend)
+    try:
+        report = run_rank(options)
+    except PlanMismatch as error:
+        raise RuntimeError(f"{ERROR_MARK}{EXIT_BAD_INPUT}:{error}") from None
+    except CheckFailed as error:
+        raise RuntimeError(f"{ERROR_MARK}{EXIT_FAILED}:{error}") from None
+    finally:
+        dist.destroy_process_group()
+    if options.report and int(os.environ.get("RANK", "0")) == 0:
+        Path(options.report).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return report
+
+
+#: How a rank marks the message of an expected failure (bad input, a failed check) for the launcher.
+ERROR_MARK = "autoshard-run-error:"
+
+
+def _failure(error: Any) -> RunFailed:
+    """The first failed rank's error as one message (its own words when it said them)."""
+    rank, failure = min(error.failures.items())
+    message = failure.message
+    text = message.get("message", "") if isinstance(message, dict) else str(message or "")
+    text = text if isinstance(text, str) else json.dumps(text)
+    if ERROR_MARK in text:
+        code, _, said = text[text.index(ERROR_MARK) + len(ERROR_MARK) :].partition(":")
+        return RunFailed(f"rank {rank}: {said.strip().splitlines()[0]}", int(code))
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    reason = lines[-1] if lines else f"exit code {failure.exitcode}"
+    return RunFailed(f"rank {rank} failed: {reason}", EXIT_FAILED)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -1,0 +1,322 @@
+"""A training step that runs on DTensors exactly as a plan says.
+
+The plan names, for every op node of the captured joint forward + backward graph, the placement of each tensor
+it reads and of each output (plan JSON version 1, ``nodes``). :class:`PlannedStep` runs that graph node by
+node, as meta-pytorch/autoparallel's ``apply_sharding`` does, instead of converting the parameters and hoping
+DTensor's own propagation picks the same strategies:
+
+1. before an op, every tensor argument is redistributed to the placement the plan chose for it (the plan's
+   edges: DTensor's own redistribution steps, so its collectives are the predicted ones);
+2. the op runs on DTensors; with its inputs already where a strategy wants them, DTensor's propagator
+   selects that strategy and moves nothing;
+3. each output's placement is compared with the plan's; an op that came out elsewhere is recorded in
+   ``deviations`` (the plan was not what ran).
+
+The step returns the loss and the gradients, each gradient redistributed to its parameter's placement (the
+gradient reduction the plan priced), so any torch optimizer steps on the DTensor parameters.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from strategies.graph.capture import JointGraph
+from strategies.placement import parse_spec, to_dtensor
+from strategies.plan.plan_json import PLAN_VERSION
+
+Placements = tuple[Any, ...]
+
+
+class PlanMismatch(ValueError):
+    """The plan does not fit what it is applied to (another model, mesh, version); the message says how."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """The placements a plan chose for one op node: per tensor argument (``None``: the op does not read it,
+    any placement will do) and per output (``None``: not a tensor)."""
+
+    inputs: tuple[Placements | None, ...]
+    outputs: tuple[Placements | None, ...]
+
+
+@dataclass
+class Deviation:
+    """An op whose output came out in other placements than the plan's."""
+
+    node: str
+    output: int
+    planned: list[str]
+    actual: list[str]
+
+
+@dataclass
+class StepResult:
+    loss: DTensor
+    gradients: dict[str, DTensor]
+    """Parameter name -> gradient, in the parameter's placements."""
+    deviations: list[Deviation] = field(default_factory=list)
+
+
+def check_plan(plan: Mapping[str, Any], mesh_shape: Sequence[int] | None = None) -> None:
+    """Refuse a plan this runtime cannot apply: an unknown version, another mesh shape than ``mesh_shape``."""
+    version = plan.get("version")
+    if version != PLAN_VERSION:
+        raise PlanMismatch(f"plan: version {version!r} is not one this runtime knows ({PLAN_VERSION})")
+    planned = tuple(plan.get("mesh", {}).get("shape", ()))
+    if mesh_shape is not None and planned != tuple(mesh_shape):
+        raise PlanMismatch(f"mesh: the plan is for a mesh of shape {list(planned)}, not {list(mesh_shape)}")
+
+
+def _placements(texts: Sequence[str] | None) -> Placements | None:
+    return None if texts is None else to_dtensor(parse_spec(texts))
+
+
+def node_plans(plan: Mapping[str, Any], graph: JointGraph) -> dict[str, NodePlan]:
+    """The plan's placements per op node of ``graph``; refuses a plan made for another model (an op node
+    the plan does not name or names with another op, another parameter set)."""
+    by_name = {entry["name"]: entry for entry in plan.get("nodes", [])}
+    parameters = set(plan.get("parameters", {}))
+    missing = sorted(set(graph.parameters) - parameters)
+    extra = sorted(parameters - set(graph.parameters) - {n for names in graph.tied.values() for n in names})
+    if missing or extra:
+        raise PlanMismatch(
+            "model: the plan was made for another model: "
+            + "; ".join(
+                part
+                for part in (
+                    f"parameters it does not place: {', '.join(missing[:5])}" if missing else "",
+                    f"parameters the model does not have: {', '.join(extra[:5])}" if extra else "",
+                )
+                if part
+            )
+        )
+    plans = {}
+    for node in graph.order:
+        if node.target is operator.getitem:  # folded into its producer: consumers read output k
+            continue
+        entry = by_name.get(node.name)
+        if entry is None:
+            raise PlanMismatch(f"model: the plan was made for another model: it has no op node {node.name!r}")
+        if entry["op"] != str(node.target):
+            raise PlanMismatch(
+                f"model: the plan was made for another model: node {node.name!r} is {entry['op']} in the "
+                f"plan, {node.target} here"
+            )
+        plans[node.name] = NodePlan(
+            tuple(_placements(spec) for spec in entry["inputs"]),
+            tuple(_placements(spec) for spec in entry["output"]),
+        )
+    if len(by_name) != len(plans):
+        unknown = sorted(set(by_name) - set(plans))
+        raise PlanMismatch(
+            f"model: the plan was made for another model: ops {', '.join(unknown[:5])} are not in it"
+        )
+    return plans
+
+
+def check_shapes(plan: Mapping[str, Any], graph: JointGraph) -> None:
+    """Refuse a plan whose placements cannot hold the graph's tensors (a shard of a dim the tensor lacks)."""
+    for name, node in graph.parameters.items():
+        placements = plan["parameters"][name]
+        ndim = node.meta["val"].ndim
+        for text in placements:
+            if text.startswith("S(") and int(text[2:-1]) >= ndim:
+                raise PlanMismatch(f"model: parameter {name} has {ndim} dims; the plan shards it as {text}")
+
+
+def redistribute(value: DTensor, placements: Placements) -> DTensor:
+    """``value`` in ``placements``, by DTensor's own steps. A move into ``Partial`` (the public API refuses
+    it: "internal use only") takes DTensor's internal local redistribution, which is what its own ops do."""
+    if tuple(value.placements) == tuple(placements):
+        return value
+    if not any(p.is_partial() for p in placements):
+        return value.redistribute(value.device_mesh, placements)
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._redistribute import redistribute_local_tensor
+
+    target = DTensorSpec(value.device_mesh, tuple(placements), tensor_meta=value._spec.tensor_meta)
+    local = redistribute_local_tensor(value.to_local(), value._spec, target)
+    return DTensor.from_local(
+        local, value.device_mesh, placements, run_check=False, shape=value.shape, stride=value.stride()
+    )
+
+
+class PlannedStep:
+    """Runs ``graph`` (one captured training step) on ``mesh`` with the placements of ``plan``."""
+
+    def __init__(self, graph: JointGraph, plan: Mapping[str, Any], mesh: DeviceMesh) -> None:
+        check_plan(plan, tuple(mesh.shape))
+        if "layers" in plan:
+            raise PlanMismatch(
+                "plan: made from a short capture of a deep model (layers "
+                f"{plan['layers']}); applying it to the full depth is not supported yet"
+            )
+        self.nodes = node_plans(plan, graph)
+        check_shapes(plan, graph)
+        self.graph = graph
+        self.plan = plan
+        self.mesh = mesh
+        self.parameter_placements = {
+            name: _placements(spec) for name, spec in plan["parameters"].items() if name in graph.parameters
+        }
+        self.input_placements = [_placements(spec) for spec in plan.get("inputs", [])]
+        if len(self.input_placements) != len(graph.inputs):
+            raise PlanMismatch(
+                f"model: the plan places {len(self.input_placements)} inputs, "
+                f"the model takes {len(graph.inputs)}"
+            )
+
+    def distribute_parameters(self, parameters: Mapping[str, torch.Tensor]) -> dict[str, torch.nn.Parameter]:
+        """Each parameter as a DTensor parameter with its planned placements (from the full tensor every rank
+        holds)."""
+        return {
+            name: torch.nn.Parameter(
+                _local_part(parameters[name].detach(), self.mesh, self.parameter_placements[name]),
+                requires_grad=parameters[name].requires_grad,
+            )
+            for name in self.graph.parameters
+        }
+
+    def distribute_inputs(self, inputs: Sequence[torch.Tensor]) -> list[DTensor]:
+        """The step's tensor inputs in their planned placements."""
+        return [
+            _local_part(x, self.mesh, placements)
+            for x, placements in zip(inputs, self.input_placements, strict=True)
+        ]
+
+    def replicate(self, tensor: torch.Tensor) -> DTensor:
+        """A tensor every rank holds whole and alike, as a replicated DTensor (no data moves)."""
+        return DTensor.from_local(tensor, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)
+
+    def __call__(
+        self,
+        parameters: Mapping[str, DTensor],
+        buffers: Mapping[str, torch.Tensor],
+        inputs: Sequence[DTensor],
+    ) -> StepResult:
+        """One step: the loss and every trainable parameter's gradient, in the parameter's placements.
+        ``buffers`` (and the graph's constants) are replicated."""
+        env: dict[fx.Node, Any] = {}
+        for name, node in self.graph.parameters.items():
+            env[node] = parameters[name]
+        held = {**buffers, **self.graph.constants}
+        for name, node in self.graph.buffers.items():
+            value = held[name]
+            env[node] = value if isinstance(value, DTensor) else self.replicate(value)
+        for node, value in zip(self.graph.inputs, inputs, strict=True):
+            env[node] = value
+        deviations: list[Deviation] = []
+        with torch.no_grad():
+            for node in self.graph.order:
+                env[node] = self._run(node, env, deviations)
+        gradients = {
+            name: redistribute(env[node], self.parameter_placements[name])
+            for name, node in self.graph.gradients.items()
+        }
+        return StepResult(env[self.graph.loss], gradients, deviations)
+
+    def _run(self, node: fx.Node, env: dict[fx.Node, Any], deviations: list[Deviation]) -> Any:
+        if node.target is operator.getitem:
+            return env[node.args[0]][node.args[1]]
+        planned = self.nodes[node.name]
+        slots = iter(planned.inputs)
+
+        def placed(value: Any) -> Any:
+            if isinstance(value, fx.Node):
+                held = env[value]
+                if isinstance(held, (tuple, list)):
+                    return type(held)(_place(v, next(slots)) if isinstance(v, DTensor) else v for v in held)
+                return _place(held, next(slots)) if isinstance(held, DTensor) else held
+            if isinstance(value, (tuple, list)):
+                return type(value)(placed(v) for v in value)
+            if isinstance(value, dict):
+                return {k: placed(v) for k, v in value.items()}
+            return value
+
+        args = placed(node.args)
+        kwargs = placed(node.kwargs)
+        result = node.target(*args, **kwargs)
+        result = self._as_planned(result, planned.outputs)
+        outputs = result if isinstance(result, (tuple, list)) else (result,)
+        for k, (value, want) in enumerate(zip(outputs, planned.outputs, strict=False)):
+            if want is not None and isinstance(value, DTensor) and tuple(value.placements) != tuple(want):
+                deviations.append(
+                    Deviation(node.name, k, [str(p) for p in want], [str(p) for p in value.placements])
+                )
+        return result
+
+    def _as_planned(self, result: Any, outputs: tuple[Placements | None, ...]) -> Any:
+        """Plain tensors an op made from no DTensor input (a factory: ``full``, ``zeros``) become DTensors in
+        their planned placements: every rank made the same full tensor, so this moves no data."""
+        leaves, spec = tree_flatten(result)
+        if not any(isinstance(v, torch.Tensor) and not isinstance(v, DTensor) for v in leaves):
+            return result
+        wanted = list(outputs) + [None] * (len(leaves) - len(outputs))
+        for i, value in enumerate(leaves):
+            if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+                full = self.replicate(value)
+                leaves[i] = full if wanted[i] is None else redistribute(full, wanted[i])
+        return tree_unflatten(leaves, spec)
+
+
+def _local_part(full: torch.Tensor, mesh: DeviceMesh, placements: Placements) -> DTensor:
+    """The DTensor of a tensor every rank holds whole and alike: each rank keeps its own part, no data moves
+    (``src_data_rank=None``)."""
+    return distribute_tensor(full, mesh, placements, src_data_rank=None)
+
+
+def _place(value: DTensor, placements: Placements | None) -> DTensor:
+    return value if placements is None else redistribute(value, placements)
+
+
+@dataclass
+class AppliedPlan:
+    """A module with a plan applied: its parameters as DTensors in their planned placements, and the step.
+
+    ``forward_backward(inputs)`` runs one planned step on the inputs (global tensors every rank holds alike;
+    each rank keeps its part) and leaves each gradient in ``parameters[name].grad``, ready for any torch
+    optimizer built over ``parameters.values()``.
+    """
+
+    step: PlannedStep
+    parameters: dict[str, torch.nn.Parameter]
+    buffers: dict[str, torch.Tensor]
+    last: StepResult | None = None
+
+    def forward_backward(self, inputs: Sequence[torch.Tensor]) -> DTensor:
+        placed = self.step.distribute_inputs(inputs)
+        self.last = self.step(self.parameters, self.buffers, placed)
+        for name, parameter in self.parameters.items():
+            parameter.grad = self.last.gradients.get(name)
+        return self.last.loss
+
+
+def apply_plan(
+    module: torch.nn.Module,
+    plan: Mapping[str, Any],
+    mesh: DeviceMesh,
+    example_inputs: Any,
+    loss_fn: Any = None,
+) -> AppliedPlan:
+    """Apply ``plan`` to ``module`` on ``mesh``: capture its training step on ``example_inputs`` as the
+    planner did (``loss_fn`` as for planning), refuse a plan made for another model or mesh
+    (:class:`PlanMismatch`), and place every parameter as planned. The module itself is left as it is."""
+    from strategies.graph.passes import capture_for_planning
+    from strategies.ops.dtensor_bridge import register_with_dtensor
+
+    register_with_dtensor()
+    check_plan(plan, tuple(mesh.shape))
+    graph = capture_for_planning(module, example_inputs, loss_fn)
+    step = PlannedStep(graph, plan, mesh)
+    parameters = step.distribute_parameters(dict(module.named_parameters()))
+    return AppliedPlan(step, parameters, dict(module.named_buffers()))

@@ -1,0 +1,45 @@
+"""The report of `autoshard run` as people read it: loss per step, step time, collectives vs the plan's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def report_text(report: dict[str, Any]) -> str:
+    mesh = report["mesh"]
+    axes = " x ".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["shape"], strict=True))
+    lines = [
+        f"ran {report['model']} on {axes} ({report['world_size']} ranks, {report['backend']}), "
+        f"{report['steps']} steps of {report['optimizer']}",
+        "",
+        "step  loss",
+        *(f"{i:>4}  {loss:.6g}" for i, loss in enumerate(report["loss"])),
+        "",
+        f"step time {report['step_time_s'] * 1e3:.1f} ms (median after the first step)",
+        "",
+        _collectives_table(report["collectives"], report["backend"]),
+    ]
+    if report["deviations"]:
+        lines += ["", f"{len(report['deviations'])} ops came out in other placements than planned:"]
+        lines += [
+            f"  {d['node']} output {d['output']}: planned {d['planned']}, ran {d['actual']}"
+            for d in report["deviations"][:10]
+        ]
+    if report["checked"]:
+        lines += ["", "check: loss, gradients and parameters equal one process"]
+    return "\n".join(lines)
+
+
+def _collectives_table(collectives: dict[str, Any], backend: str) -> str:
+    measured, expected = collectives["measured"], collectives["expected_on_backend"]
+    names = sorted(set(measured) | set(expected) | set(collectives["predicted"]))
+    verdict = "as planned" if collectives["match"] else "NOT as planned"
+    if not names:
+        return f"collectives: none run, none planned ({verdict})"
+    rows = [f"{'collective':<16}{'measured':>10}{'plan':>10}{'on ' + backend:>12}"]
+    for name in names:
+        rows.append(
+            f"{name:<16}{measured.get(name, 0):>10}{collectives['predicted'].get(name, 0):>10}"
+            f"{expected.get(name, 0):>12}"
+        )
+    return "\n".join([*rows, f"collectives: {verdict}"])

@@ -1,0 +1,225 @@
+"""One rank of `autoshard run`: build the model, apply the plan, train, check against one process, report.
+
+Every rank builds the same model from the same seed (a built-in model with its own init on the CPU, or a
+user's factory with its own weights and inputs), captures its training step exactly as the planner did,
+and runs it with :class:`~runtime.planned_step.PlannedStep`. With ``check`` each rank also runs the same
+steps on one process (the eager module, ``loss.backward()``, the same optimizer) and compares the loss and
+every gradient of step 0, then every parameter after the last step, within a tolerance fit for the dtype.
+DTensor's ``CommDebugMode`` counts the collectives of each step; the report puts them beside the plan's.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.planned_step import PlanMismatch, apply_plan, check_plan
+
+#: (rtol, atol) of a sharded result against one process, by dtype: sums in another order round apart.
+TOLERANCE = {
+    torch.float64: (1e-9, 1e-12),
+    torch.float32: (1e-4, 1e-5),
+    torch.bfloat16: (4e-2, 4e-2),
+    torch.float16: (1e-2, 1e-3),
+}
+
+#: DTensor's functional collectives -> the names plans use.
+COLLECTIVE_NAMES = {
+    "all_reduce": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+}
+
+
+class CheckFailed(RuntimeError):
+    """The planned run differs from one process; the message names the first tensor that does."""
+
+
+@dataclass
+class RunOptions:
+    """What `autoshard run` does on every rank."""
+
+    model: str
+    """The model the plan was made for (built-in name or ``path/file.py:factory``)."""
+    plan: str
+    """Path of the plan JSON."""
+    steps: int = 1
+    optimizer: str = "sgd"
+    """``sgd`` or ``adamw``."""
+    lr: float = 1e-2
+    check: bool = False
+    report: str | None = None
+    """Rank 0 writes the report JSON here."""
+    seed: int = 0
+    device: str = "cpu"
+    backend: str = "gloo"
+
+
+def make_optimizer(name: str, parameters: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, lr=lr)
+    raise ValueError(f"--optimizer: unknown optimizer {name!r}; choose sgd or adamw")
+
+
+def run_rank(options: RunOptions) -> dict[str, Any]:
+    """Everything one rank does (the process group is up); the report (the same on every rank)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from strategies.graph.capture import call_module, default_loss, input_tensors
+    from strategies.models import load_model
+    from strategies.plan.planner import DEFAULT_BATCH, DEFAULT_SEQ, PlanRequest
+    from strategies.tensor_meta import parse_dtype
+
+    plan = load_plan(options.plan)
+    check_plan(plan)
+    shape = tuple(plan["mesh"]["shape"])
+    world = dist.get_world_size()
+    if math.prod(shape) != world:
+        raise PlanMismatch(
+            f"world size: the plan's mesh {list(shape)} needs {math.prod(shape)} ranks, this run has {world}"
+        )
+    mesh = init_device_mesh(options.device, shape, mesh_dim_names=tuple(plan["mesh"]["axis_names"]))
+    request = PlanRequest(**plan["request"])
+    torch.manual_seed(options.seed)
+    try:  # every rank builds the same weights and inputs
+        spec = load_model(
+            options.model,
+            batch=request.batch or DEFAULT_BATCH,
+            seq=request.seq or DEFAULT_SEQ,
+            dtype=parse_dtype(request.dtype),
+            layers=request.layers,
+            device=options.device,
+            **request.options,
+        )
+        applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
+    except ValueError as error:  # the plan's shapes and options do not build this model
+        if isinstance(error, PlanMismatch):
+            raise
+        raise PlanMismatch(
+            f"model: the plan was made for {request.model}, it does not build {options.model}: {error}"
+        ) from error
+    module = spec.module
+    reference = copy.deepcopy(module) if options.check else None
+    inputs = input_tensors(spec.example_inputs)
+    parameters = applied.parameters
+    optimizer = make_optimizer(options.optimizer, parameters.values(), options.lr)
+    reference_optimizer = (
+        make_optimizer(options.optimizer, reference.parameters(), options.lr)
+        if reference is not None
+        else None
+    )
+    losses: list[float] = []
+    seconds: list[float] = []
+    measured: dict[str, int] = {}
+    deviations: list[dict[str, Any]] = []
+    for index in range(options.steps):
+        optimizer.zero_grad(set_to_none=True)
+        started = time.perf_counter()
+        with CommDebugMode() as comm:
+            applied.forward_backward(inputs)
+        optimizer.step()
+        result = applied.last
+        assert result is not None
+        seconds.append(time.perf_counter() - started)
+        if index == 0:
+            measured = _collective_counts(comm)
+            deviations = [dataclasses.asdict(d) for d in result.deviations]
+        loss = float(result.loss.full_tensor())
+        losses.append(loss)
+        if reference is not None and reference_optimizer is not None:
+            reference_optimizer.zero_grad(set_to_none=True)
+            reference_loss = (spec.loss_fn or default_loss)(call_module(reference, spec.example_inputs))
+            reference_loss.backward()
+            if index == 0:
+                _compare("loss", result.loss.full_tensor(), reference_loss.detach())
+                for name, gradient in result.gradients.items():
+                    _compare(f"{name}.grad", gradient.full_tensor(), _reference_grad(reference, name))
+            reference_optimizer.step()
+    if reference is not None:
+        held = dict(reference.named_parameters())
+        for name, parameter in parameters.items():
+            _compare(f"{name} after {options.steps} steps", parameter.full_tensor(), held[name].detach())
+    predicted = plan.get("predicted", {}).get("collectives", {})
+    expected = expected_collectives(predicted, options.backend)
+    return {
+        "model": options.model,
+        "mesh": plan["mesh"],
+        "world_size": world,
+        "backend": options.backend,
+        "steps": options.steps,
+        "optimizer": options.optimizer,
+        "loss": losses,
+        "step_time_s": statistics.median(seconds[1:] or seconds),
+        "step_times_s": seconds,
+        "collectives": {
+            "measured": measured,
+            "predicted": predicted,
+            "expected_on_backend": expected,
+            "match": measured == expected,
+        },
+        "deviations": deviations,
+        "checked": options.check,
+    }
+
+
+def load_plan(path: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise PlanMismatch(f"plan: no plan file {path}") from error
+    except json.JSONDecodeError as error:
+        raise PlanMismatch(f"plan: {path} is not JSON ({error})") from error
+
+
+def expected_collectives(predicted: dict[str, int], backend: str) -> dict[str, int]:
+    """The collectives DTensor runs for the plan's on ``backend``: gloo has no all-to-all, and DTensor
+    moves a shard between dims there by an all-gather."""
+    expected = {name: count for name, count in predicted.items() if count}
+    if backend == "gloo" and "all_to_all" in expected:
+        expected["all_gather"] = expected.get("all_gather", 0) + expected.pop("all_to_all")
+    return expected
+
+
+def _collective_counts(comm: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for op, count in comm.get_comm_counts().items():
+        name = next((part for part in str(op).split(".") if part in COLLECTIVE_NAMES), str(op))
+        key = COLLECTIVE_NAMES.get(name, name)
+        counts[key] = counts.get(key, 0) + int(count)
+    return counts
+
+
+def _reference_grad(module: torch.nn.Module, name: str) -> torch.Tensor:
+    grad = module.get_parameter(name).grad
+    return torch.zeros_like(module.get_parameter(name)) if grad is None else grad
+
+
+def _compare(what: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    rtol, atol = TOLERANCE.get(expected.dtype, (1e-4, 1e-5))
+    if actual.shape != expected.shape:
+        raise CheckFailed(
+            f"{what}: shape {tuple(actual.shape)} differs from one process's {tuple(expected.shape)}"
+        )
+    difference = (actual.double() - expected.double()).abs()
+    allowed = atol + rtol * expected.double().abs().max()
+    if not bool((difference <= allowed).all()):
+        raise CheckFailed(
+            f"{what} differs from one process: largest difference {float(difference.max()):.3g} "
+            f"(allowed {float(allowed):.3g} for {expected.dtype})"
+        )

@@ -1,0 +1,104 @@
+"""Plans run on 4 gloo ranks as planned: the solver's plan and every hand-written baseline, for an MLP, a
+2-layer GPT with attention and a 2-layer `transformers` Llama (a factory), on meshes (4,) and (2, 2).
+
+Each run checks itself (`run_rank` with ``check``): the loss and every gradient of step 0 equal one process,
+and so does every parameter after two optimizer steps. Here the test asserts that the check ran, that every
+op came out in its planned placements, and that the collectives DTensor ran are the plan's, kind and count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime.launch import check_before_start
+from runtime.planned_step import PlanMismatch, check_plan
+from runtime.worker import RunOptions
+from strategies.plan.planner import PlanRequest, plan_model
+from tests.runtime.ranks import Ranks
+
+USER_MODELS = Path(__file__).resolve().parents[1] / "strategies" / "models" / "user_models"
+HF_LLAMA = f"{USER_MODELS / 'hf_llama.py'}:factory"
+GPT = {"dim": 128, "n_heads": 4, "vocab_size": 256, "max_seq_len": 64, "ffn_dim": 512}
+
+MODELS = {
+    # name -> (model, request fields); float32 so one process is a sharp reference
+    "mlp": ("mlp", {"batch": 64, "options": {"d": 256, "h": 1024}}),
+    "gpt": ("gpt2-small", {"batch": 8, "seq": 32, "layers": 2, "options": GPT}),
+    "llama": (HF_LLAMA, {}),
+}
+LAYOUTS = (None, "ddp", "fsdp", "megatron", "fsdp_tp")
+CASES = [
+    (name, mesh, layout)
+    for name in MODELS
+    for mesh in ("4", "2x2")
+    for layout in LAYOUTS
+    if not (layout == "fsdp_tp" and mesh == "4")
+]
+
+
+@pytest.fixture(scope="module")
+def ranks() -> Iterator[Ranks]:
+    pool = Ranks()
+    yield pool
+    pool.close()
+
+
+def write_plan(tmp: Path, name: str, mesh: str, layout: str | None) -> Path:
+    model, fields = MODELS[name]
+    request = PlanRequest(model=model, mesh=mesh, dtype="float32", baseline=layout, time_limit=30, **fields)
+    path = tmp / f"{name}-{mesh}-{layout or 'plan'}.json"
+    path.write_text(json.dumps(plan_model(request).plan), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "mesh", "layout"), CASES, ids=[f"{n}-{m}-{lay or 'plan'}" for n, m, lay in CASES]
+)
+def test_the_plan_runs_as_planned_and_equals_one_process(ranks, tmp_path, name, mesh, layout) -> None:
+    plan = write_plan(tmp_path, name, mesh, layout)
+    reports = ranks.run(RunOptions(model=MODELS[name][0], plan=str(plan), steps=2, lr=1e-3, check=True))
+    for rank, report in enumerate(reports):
+        assert isinstance(report, dict), f"rank {rank}: {report}"
+    report = reports[0]
+    assert report["checked"] and len(report["loss"]) == 2
+    assert report["deviations"] == []
+    collectives = report["collectives"]
+    assert collectives["measured"] == collectives["expected_on_backend"], collectives
+    if layout in ("ddp", "fsdp"):  # data parallel: gradients are reduced
+        assert sum(collectives["measured"].values()) > 0
+    assert all(r["loss"] == report["loss"] for r in reports)
+
+
+def test_a_plan_for_another_model_is_refused_by_name(ranks, tmp_path) -> None:
+    plan = write_plan(tmp_path, "mlp", "4", None)
+    reports = ranks.run(RunOptions(model="gpt2-small", plan=str(plan)))
+    assert all(
+        isinstance(r, str) and r.startswith("PlanMismatch: model: the plan was made for mlp") for r in reports
+    )
+
+
+def test_a_plan_for_another_mesh_version_or_world_size_is_refused(tmp_path) -> None:
+    path = write_plan(tmp_path, "mlp", "2x2", None)
+    plan = json.loads(path.read_text())
+    with pytest.raises(PlanMismatch, match=r"mesh: the plan is for a mesh of shape \[2, 2\], not \[4\]"):
+        check_plan(plan, (4,))
+    with pytest.raises(PlanMismatch, match="needs 4 ranks, this run has 2"):
+        check_before_start(RunOptions(model="mlp", plan=str(path)), nproc=2)
+    path.write_text(json.dumps({**plan, "version": 7}))
+    with pytest.raises(PlanMismatch, match="plan: version 7 is not one this runtime knows"):
+        check_before_start(RunOptions(model="mlp", plan=str(path)), nproc=4)
+    with pytest.raises(PlanMismatch, match="no plan file"):
+        check_before_start(RunOptions(model="mlp", plan=str(tmp_path / "none.json")), nproc=4)
+
+
+def test_a_plan_naming_other_parameters_is_refused(ranks, tmp_path) -> None:
+    path = write_plan(tmp_path, "mlp", "4", None)
+    plan = json.loads(path.read_text())
+    plan["parameters"]["w3.weight"] = plan["parameters"].pop("w2.weight")
+    path.write_text(json.dumps(plan))
+    reports = ranks.run(RunOptions(model="mlp", plan=str(path)))
+    assert all("w2.weight" in r and "w3.weight" in r for r in reports), reports

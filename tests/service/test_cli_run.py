@@ -1,0 +1,76 @@
+"""`autoshard run`: starts its ranks through PyTorch's elastic launcher (or runs as a rank of `torchrun`),
+checks against one process, writes the report; refusals exit 2 with one line naming the field."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from strategies.plan.planner import PlanRequest, plan_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def command(*args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *launcher, "-m", "service.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+@pytest.fixture(scope="module")
+def mlp_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    request = PlanRequest(
+        model="mlp", mesh="2x2", batch=64, dtype="float32", options={"d": 256, "h": 1024}, baseline="ddp"
+    )
+    path = tmp_path_factory.mktemp("plans") / "mlp-2x2.json"
+    path.write_text(json.dumps(plan_model(request).plan), encoding="utf-8")
+    return path
+
+
+def test_run_checks_against_one_process_and_writes_the_report(mlp_plan: Path, tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    run = command(
+        "run", "--model", "mlp", "--plan", str(mlp_plan), "--nproc", "4", "--steps", "3",
+        "--optimizer", "adamw", "--check", "--report", str(report_path),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert len(report["loss"]) == 3 and report["loss"][2] < report["loss"][0]
+    assert report["world_size"] == 4 and report["mesh"]["shape"] == [2, 2]
+    assert report["collectives"]["match"] and report["deviations"] == []
+    assert sum(report["collectives"]["measured"].values()) > 0  # the batch is split: data moves
+    table_rows = [f"{name:<16}{count:>10}" for name, count in report["collectives"]["measured"].items()]
+    assert all(row in run.stdout for row in table_rows) and "collectives: as planned" in run.stdout
+    assert "check: loss, gradients and parameters equal one process" in run.stdout
+
+
+def test_run_is_a_rank_of_torchrun(mlp_plan: Path) -> None:
+    launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4")
+    run = command("run", "--model", "mlp", "--plan", str(mlp_plan), "--check", launcher=launcher)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("collectives: as planned") == 1  # rank 0 prints the report
+
+
+def test_a_plan_for_another_model_exits_2_naming_it(mlp_plan: Path) -> None:
+    run = command("run", "--model", "gpt2-small", "--plan", str(mlp_plan))
+    assert run.returncode == 2, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "autoshard: rank 0: model: the plan was made for mlp, it does not build gpt2-small"
+    )
+
+
+def test_a_world_size_the_mesh_does_not_have_exits_2_at_once(mlp_plan: Path) -> None:
+    run = command("run", "--model", "mlp", "--plan", str(mlp_plan), "--nproc", "2")
+    assert run.returncode == 2
+    assert run.stderr.strip() == "autoshard: world size: the plan's mesh [2, 2] needs 4 ranks, this run has 2"
