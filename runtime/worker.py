@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -142,6 +143,8 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
             deviations = [dataclasses.asdict(d) for d in result.deviations]
         loss = float(result.loss.full_tensor())
         losses.append(loss)
+        if dist.get_rank() == 0:  # progress, as it goes
+            print(f"step {index}: loss {loss:.6g} ({seconds[-1]:.3f} s)", file=sys.stderr, flush=True)
         if reference is not None and reference_optimizer is not None:
             reference_optimizer.zero_grad(set_to_none=True)
             reference_loss = (spec.loss_fn or default_loss)(call_module(reference, spec.example_inputs))

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,53 @@ def test_a_world_size_the_mesh_does_not_have_exits_2_at_once(mlp_plan: Path) -> 
     run = command("run", "--model", "mlp", "--plan", str(mlp_plan), "--nproc", "2")
     assert run.returncode == 2
     assert run.stderr.strip() == "autoshard: world size: the plan's mesh [2, 2] needs 4 ranks, this run has 2"
+
+
+def test_a_rank_killed_mid_run_ends_the_run_naming_it(mlp_plan: Path) -> None:
+    """SIGKILL one rank while the ranks train: the launcher stops the others and the command exits 1
+    within seconds, naming the rank, instead of hanging in a collective."""
+    args = ["run", "--model", "mlp", "--plan", str(mlp_plan), "--steps", "100000"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert launcher.stderr is not None
+        deadline = time.monotonic() + 120
+        for line in launcher.stderr:  # rank 0's progress: the ranks are training
+            if line.startswith("step 2:") or time.monotonic() > deadline:
+                break
+        ranks = _spawned_children(launcher.pid)
+        assert len(ranks) == 4, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = launcher.communicate(timeout=60)
+        assert time.monotonic() - killed_at < 30
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1
+    last = stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"autoshard: rank \d failed: Signal 9 \(SIGKILL\) received by PID {ranks[-1]}", last
+    ), last
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The processes ``pid`` started with multiprocessing's spawn (the ranks), in the order started."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and "multiprocessing.spawn" in command:
+            children.append(int(entry.name))
+    return sorted(children)
