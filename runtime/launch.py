@@ -47,6 +47,8 @@ def check_before_start(options: RunOptions, nproc: int | None) -> int:
         raise PlanMismatch(
             f"world size: the plan's mesh {plan['mesh']['shape']} needs {size} ranks, this run has {world}"
         )
+    if options.load and not (Path(options.load) / ".metadata").is_file():
+        raise PlanMismatch(f"--load: {options.load} holds no checkpoint")
     if options.backend not in ("gloo", "nccl"):
         raise PlanMismatch(f"--backend: unknown backend {options.backend!r}; choose gloo or nccl")
     if options.device not in ("cpu", "cuda"):

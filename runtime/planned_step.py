@@ -310,7 +310,8 @@ def apply_plan(
 ) -> AppliedPlan:
     """Apply ``plan`` to ``module`` on ``mesh``: capture its training step on ``example_inputs`` as the
     planner did (``loss_fn`` as for planning), refuse a plan made for another model or mesh
-    (:class:`PlanMismatch`), and place every parameter as planned. The module itself is left as it is."""
+    (:class:`PlanMismatch`), and make every parameter of the module a DTensor in its planned placements
+    (tied names share one), so the module's state dict is the sharded one."""
     from strategies.graph.passes import capture_for_planning
     from strategies.ops.dtensor_bridge import register_with_dtensor
 
@@ -319,4 +320,8 @@ def apply_plan(
     graph = capture_for_planning(module, example_inputs, loss_fn)
     step = PlannedStep(graph, plan, mesh)
     parameters = step.distribute_parameters(dict(module.named_parameters()))
+    for name, parameter in parameters.items():
+        for alias in (name, *graph.tied.get(name, ())):
+            owner, _, leaf = alias.rpartition(".")
+            setattr(module.get_submodule(owner), leaf, parameter)
     return AppliedPlan(step, parameters, dict(module.named_buffers()))

@@ -248,6 +248,10 @@ def run_command(
         bool, typer.Option("--check", help="compare loss, gradients and parameters with one process")
     ] = False,
     report: Annotated[Path | None, typer.Option(help="write the report JSON here")] = None,
+    save: Annotated[
+        Path | None, typer.Option(help="write a sharded checkpoint here after the last step")
+    ] = None,
+    load: Annotated[Path | None, typer.Option(help="start from a sharded checkpoint (of any plan)")] = None,
 ) -> None:
     """Apply a plan with DTensor on N ranks and train; inside `torchrun`, run as one of its ranks.
 
@@ -270,6 +274,8 @@ def run_command(
         lr=lr,
         check=check,
         report=None if report is None else str(report.resolve()),
+        save=None if save is None else str(save.resolve()),
+        load=None if load is None else str(load.resolve()),
         seed=seed,
         device=device,
         backend=backend,
