@@ -195,8 +195,10 @@ class PlannedStep:
         ]
 
     def replicate(self, tensor: torch.Tensor) -> DTensor:
-        """A tensor every rank holds whole and alike, as a replicated DTensor (no data moves)."""
-        return DTensor.from_local(tensor, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)
+        """A tensor every rank holds whole and alike, as a replicated DTensor on the mesh's device (no data
+        moves between ranks)."""
+        local = tensor.to(self.mesh.device_type)
+        return DTensor.from_local(local, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)
 
     def __call__(
         self,
@@ -245,6 +247,8 @@ class PlannedStep:
 
         args = placed(node.args)
         kwargs = placed(node.kwargs)
+        if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type != self.mesh.device_type:
+            kwargs["device"] = torch.device(self.mesh.device_type)  # captured on CPU fakes, run on the mesh's
         result = node.target(*args, **kwargs)
         result = self._as_planned(result, planned.outputs)
         outputs = result if isinstance(result, (tuple, list)) else (result,)
