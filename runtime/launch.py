@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.planned_step import PlanMismatch, check_plan
-from runtime.worker import CheckFailed, RunOptions, load_plan
+from runtime.worker import CheckFailed, RunOptions, check_world, load_plan
 
 #: Exit codes of `autoshard run`.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -41,12 +41,8 @@ def check_before_start(options: RunOptions, nproc: int | None) -> int:
     rank to refuse."""
     plan = load_plan(options.plan)
     check_plan(plan)
-    size = math.prod(plan["mesh"]["shape"])
-    world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else (nproc or size)
-    if world != size:
-        raise PlanMismatch(
-            f"world size: the plan's mesh {plan['mesh']['shape']} needs {size} ranks, this run has {world}"
-        )
+    world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else (nproc or math.prod(plan["mesh"]["shape"]))
+    check_world(plan, world)
     if options.load and not (Path(options.load) / ".metadata").is_file():
         raise PlanMismatch(f"--load: {options.load} holds no checkpoint")
     if options.backend not in ("gloo", "nccl"):

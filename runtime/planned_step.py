@@ -81,6 +81,9 @@ def _placements(texts: Sequence[str] | None) -> Placements | None:
     return None if texts is None else to_dtensor(parse_spec(texts))
 
 
+OTHER_MODEL = "model: the plan was made for another model"
+
+
 def node_plans(plan: Mapping[str, Any], graph: JointGraph) -> dict[str, NodePlan]:
     """The plan's placements per op node of ``graph``; refuses a plan made for another model (an op node
     the plan does not name or names with another op, another parameter set)."""
@@ -88,29 +91,20 @@ def node_plans(plan: Mapping[str, Any], graph: JointGraph) -> dict[str, NodePlan
     parameters = set(plan.get("parameters", {}))
     missing = sorted(set(graph.parameters) - parameters)
     extra = sorted(parameters - set(graph.parameters) - {n for names in graph.tied.values() for n in names})
-    if missing or extra:
-        raise PlanMismatch(
-            "model: the plan was made for another model: "
-            + "; ".join(
-                part
-                for part in (
-                    f"parameters it does not place: {', '.join(missing[:5])}" if missing else "",
-                    f"parameters the model does not have: {', '.join(extra[:5])}" if extra else "",
-                )
-                if part
-            )
-        )
+    problems = [f"parameters it does not place: {', '.join(missing[:5])}"] if missing else []
+    problems += [f"parameters the model does not have: {', '.join(extra[:5])}"] if extra else []
+    if problems:
+        raise PlanMismatch(f"{OTHER_MODEL}: {'; '.join(problems)}")
     plans = {}
     for node in graph.order:
         if node.target is operator.getitem:  # folded into its producer: consumers read output k
             continue
         entry = by_name.get(node.name)
         if entry is None:
-            raise PlanMismatch(f"model: the plan was made for another model: it has no op node {node.name!r}")
+            raise PlanMismatch(f"{OTHER_MODEL}: it has no op node {node.name!r}")
         if entry["op"] != str(node.target):
             raise PlanMismatch(
-                f"model: the plan was made for another model: node {node.name!r} is {entry['op']} in the "
-                f"plan, {node.target} here"
+                f"{OTHER_MODEL}: node {node.name!r} is {entry['op']} in the plan, {node.target} here"
             )
         plans[node.name] = NodePlan(
             tuple(_placements(spec) for spec in entry["inputs"]),
@@ -118,9 +112,7 @@ def node_plans(plan: Mapping[str, Any], graph: JointGraph) -> dict[str, NodePlan
         )
     if len(by_name) != len(plans):
         unknown = sorted(set(by_name) - set(plans))
-        raise PlanMismatch(
-            f"model: the plan was made for another model: ops {', '.join(unknown[:5])} are not in it"
-        )
+        raise PlanMismatch(f"{OTHER_MODEL}: ops {', '.join(unknown[:5])} are not in it")
     return plans
 
 
@@ -158,8 +150,8 @@ class PlannedStep:
         check_plan(plan, tuple(mesh.shape))
         if "layers" in plan:
             raise PlanMismatch(
-                "plan: made from a short capture of a deep model (layers "
-                f"{plan['layers']}); applying it to the full depth is not supported yet"
+                "plan: made from a short capture (layers "
+                f"{plan['layers']}); expand it to the full graph first (runtime.full_depth.expand_plan)"
             )
         self.nodes = node_plans(plan, graph)
         check_shapes(plan, graph)
@@ -249,7 +241,11 @@ class PlannedStep:
         kwargs = placed(node.kwargs)
         if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type != self.mesh.device_type:
             kwargs["device"] = torch.device(self.mesh.device_type)  # captured on CPU fakes, run on the mesh's
-        result = node.target(*args, **kwargs)
+        try:
+            result = _call(node.target, args, kwargs)
+        except Exception as error:  # name the op: DTensor's own message does not
+            held = [list(map(str, p)) if p is not None else None for p in planned.inputs]
+            raise RuntimeError(f"op {node.name} ({node.target}) on inputs {held} failed: {error}") from error
         result = self._as_planned(result, planned.outputs)
         outputs = result if isinstance(result, (tuple, list)) else (result,)
         for k, (value, want) in enumerate(zip(outputs, planned.outputs, strict=False)):
@@ -273,6 +269,23 @@ class PlannedStep:
         return tree_unflatten(leaves, spec)
 
 
+def _call(op: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """``op(*args, **kwargs)``. A ``view`` whose input a redistribution left in another memory layout than
+    the one-process run had (an all-gather lays the gathered dim out contiguously, where SDPA's output was
+    head-major) cannot be a view of it: it runs on a contiguous copy, the same values."""
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError as error:
+        if op is not torch.ops.aten.view.default or "view size is not compatible" not in str(error):
+            raise
+        held = args[0]
+        local = held.to_local().contiguous()
+        packed = DTensor.from_local(
+            local, held.device_mesh, held.placements, run_check=False, shape=held.shape, stride=held.stride()
+        )
+        return op(packed, *args[1:], **kwargs)
+
+
 def _local_part(full: torch.Tensor, mesh: DeviceMesh, placements: Placements) -> DTensor:
     """The DTensor of a tensor every rank holds whole and alike: each rank keeps its own part, no data moves
     (``src_data_rank=None``)."""
@@ -288,21 +301,20 @@ class AppliedPlan:
     """A module with a plan applied: its parameters as DTensors in their planned placements, and the step.
 
     ``forward_backward(inputs)`` runs one planned step on the inputs (global tensors every rank holds alike;
-    each rank keeps its part) and leaves each gradient in ``parameters[name].grad``, ready for any torch
-    optimizer built over ``parameters.values()``.
+    each rank keeps its part), leaves each gradient in ``parameters[name].grad``, ready for any torch
+    optimizer built over ``parameters.values()``, and returns the loss, gradients and deviations.
     """
 
     step: PlannedStep
     parameters: dict[str, torch.nn.Parameter]
     buffers: dict[str, torch.Tensor]
-    last: StepResult | None = None
 
-    def forward_backward(self, inputs: Sequence[torch.Tensor]) -> DTensor:
+    def forward_backward(self, inputs: Sequence[torch.Tensor]) -> StepResult:
         placed = self.step.distribute_inputs(inputs)
-        self.last = self.step(self.parameters, self.buffers, placed)
+        result = self.step(self.parameters, self.buffers, placed)
         for name, parameter in self.parameters.items():
-            parameter.grad = self.last.gradients.get(name)
-        return self.last.loss
+            parameter.grad = result.gradients.get(name)
+        return result
 
 
 def apply_plan(
@@ -311,17 +323,26 @@ def apply_plan(
     mesh: DeviceMesh,
     example_inputs: Any,
     loss_fn: Any = None,
+    short_graph: JointGraph | None = None,
 ) -> AppliedPlan:
     """Apply ``plan`` to ``module`` on ``mesh``: capture its training step on ``example_inputs`` as the
     planner did (``loss_fn`` as for planning), refuse a plan made for another model or mesh
     (:class:`PlanMismatch`), and make every parameter of the module a DTensor in its planned placements
-    (tied names share one), so the module's state dict is the sharded one."""
+    (tied names share one), so the module's state dict is the sharded one. A plan made from a short capture
+    of a deep model needs that capture (``short_graph``): every layer then runs as the layer standing for it
+    (:mod:`runtime.full_depth`)."""
     from strategies.graph.passes import capture_for_planning
     from strategies.ops.dtensor_bridge import register_with_dtensor
 
     register_with_dtensor()
     check_plan(plan, tuple(mesh.shape))
     graph = capture_for_planning(module, example_inputs, loss_fn)
+    if "layers" in plan:
+        if short_graph is None:
+            raise PlanMismatch(f"plan: made from a short capture (layers {plan['layers']}); pass short_graph")
+        from runtime.full_depth import expand_plan
+
+        plan = expand_plan(plan, short_graph, graph)
     step = PlannedStep(graph, plan, mesh)
     parameters = step.distribute_parameters(dict(module.named_parameters()))
     for name, parameter in parameters.items():

@@ -87,52 +87,24 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from strategies.graph.capture import call_module, default_loss, input_tensors
-    from strategies.models import load_model
-    from strategies.plan.planner import DEFAULT_BATCH, DEFAULT_SEQ, PlanRequest
-    from strategies.tensor_meta import parse_dtype
+    from strategies.graph.capture import input_tensors
 
     plan = load_plan(options.plan)
     check_plan(plan)
-    shape = tuple(plan["mesh"]["shape"])
-    world = dist.get_world_size()
-    if math.prod(shape) != world:
-        raise PlanMismatch(
-            f"world size: the plan's mesh {list(shape)} needs {math.prod(shape)} ranks, this run has {world}"
-        )
-    mesh = init_device_mesh(options.device, shape, mesh_dim_names=tuple(plan["mesh"]["axis_names"]))
-    request = PlanRequest(**plan["request"])
-    torch.manual_seed(options.seed)
-    try:  # every rank builds the same weights and inputs
-        spec = load_model(
-            options.model,
-            batch=request.batch or DEFAULT_BATCH,
-            seq=request.seq or DEFAULT_SEQ,
-            dtype=parse_dtype(request.dtype),
-            layers=request.layers,
-            device=options.device,
-            **request.options,
-        )
-        reference = copy.deepcopy(spec.module) if options.check else None
-        applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
-    except ValueError as error:  # the plan's shapes and options do not build this model
-        if isinstance(error, PlanMismatch):
-            raise
-        raise PlanMismatch(
-            f"model: the plan was made for {request.model}, it does not build {options.model}: {error}"
-        ) from error
+    check_world(plan, dist.get_world_size())
+    mesh = init_device_mesh(
+        options.device, tuple(plan["mesh"]["shape"]), mesh_dim_names=tuple(plan["mesh"]["axis_names"])
+    )
+    spec, applied, reference = _build_and_apply(options, plan, mesh)
     inputs = input_tensors(spec.example_inputs)
     parameters = applied.parameters
     optimizer = make_optimizer(options.optimizer, parameters.values(), options.lr)
-    reference_optimizer = (
-        make_optimizer(options.optimizer, reference.parameters(), options.lr)
-        if reference is not None
-        else None
-    )
+    if reference is not None:
+        reference.optimizer = make_optimizer(options.optimizer, reference.module.parameters(), options.lr)
     if options.load:
         checkpoint.load(spec.module, optimizer, options.load)
-        if reference is not None and reference_optimizer is not None:
-            _copy_into_reference(parameters, optimizer, reference, reference_optimizer)
+        if reference is not None:
+            reference.take(parameters, optimizer)
     losses: list[float] = []
     seconds: list[float] = []
     measured: dict[str, int] = {}
@@ -141,43 +113,27 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
         optimizer.zero_grad(set_to_none=True)
         started = time.perf_counter()
         with CommDebugMode() as comm:
-            applied.forward_backward(inputs)
+            result = applied.forward_backward(inputs)
         optimizer.step()
-        result = applied.last
-        assert result is not None
         seconds.append(time.perf_counter() - started)
         if index == 0:
             measured = _collective_counts(comm)
             deviations = [dataclasses.asdict(d) for d in result.deviations]
-        loss = float(result.loss.full_tensor())
-        losses.append(loss)
+        losses.append(float(result.loss.full_tensor()))
         if dist.get_rank() == 0:  # progress, as it goes
-            print(f"step {index}: loss {loss:.6g} ({seconds[-1]:.3f} s)", file=sys.stderr, flush=True)
-        if reference is not None and reference_optimizer is not None:
-            reference_optimizer.zero_grad(set_to_none=True)
-            reference_loss = (spec.loss_fn or default_loss)(call_module(reference, spec.example_inputs))
-            reference_loss.backward()
-            if index == 0:
-                _compare("loss", result.loss.full_tensor(), reference_loss.detach())
-                for name, gradient in result.gradients.items():
-                    _compare(f"{name}.grad", gradient.full_tensor(), _reference_grad(reference, name))
-            reference_optimizer.step()
+            print(f"step {index}: loss {losses[-1]:.6g} ({seconds[-1]:.3f} s)", file=sys.stderr, flush=True)
+        if reference is not None:
+            reference.step(result if index == 0 else None)
     if options.save:
         checkpoint.save(spec.module, optimizer, options.save)
     if reference is not None:
-        held = dict(reference.named_parameters())
-        # Adam divides by the gradient's running scale, so a gradient that is rounding noise (a key bias:
-        # softmax ignores it) still moves its weight by up to lr a step, differently on each layout.
-        drift = 2 * options.lr * options.steps if options.optimizer == "adamw" else 0.0
-        for name, parameter in parameters.items():
-            what = f"{name} after {options.steps} steps"
-            _compare(what, parameter.full_tensor(), held[name].detach(), extra_atol=drift)
+        reference.compare_parameters(parameters, options)
     predicted = plan.get("predicted", {}).get("collectives", {})
     expected = expected_collectives(predicted, options.backend)
     return {
         "model": options.model,
         "mesh": plan["mesh"],
-        "world_size": world,
+        "world_size": dist.get_world_size(),
         "backend": options.backend,
         "steps": options.steps,
         "optimizer": options.optimizer,
@@ -193,6 +149,97 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
         "deviations": deviations,
         "checked": options.check,
     }
+
+
+def check_world(plan: dict[str, Any], world: int) -> None:
+    """Refuse a run whose number of ranks is not the plan's mesh size."""
+    shape = plan["mesh"]["shape"]
+    if math.prod(shape) != world:
+        raise PlanMismatch(
+            f"world size: the plan's mesh {list(shape)} needs {math.prod(shape)} ranks, this run has {world}"
+        )
+
+
+def _build_and_apply(
+    options: RunOptions, plan: dict[str, Any], mesh: Any
+) -> tuple[Any, Any, Reference | None]:
+    """The model built from the seed with the plan's shapes (every rank alike), its one-process twin when
+    checking, and the plan applied to it."""
+    from strategies.models import load_model
+    from strategies.plan.planner import DEFAULT_BATCH, DEFAULT_SEQ, PlanRequest, capture_request
+    from strategies.tensor_meta import parse_dtype
+
+    request = PlanRequest(**plan["request"])
+    torch.manual_seed(options.seed)
+    try:
+        spec = load_model(
+            options.model,
+            batch=request.batch or DEFAULT_BATCH,
+            seq=request.seq or DEFAULT_SEQ,
+            dtype=parse_dtype(request.dtype),
+            layers=request.layers,
+            device=options.device,
+            **request.options,
+        )
+        reference = Reference(copy.deepcopy(spec.module), spec) if options.check else None
+        short = None
+        if "layers" in plan:  # planned from a short capture: the same capture, to map every layer onto it
+            short, _ = capture_request(request, int(plan["layers"]["captured"]))
+        applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn, short_graph=short)
+    except PlanMismatch:
+        raise
+    except ValueError as error:  # the plan's shapes and options do not build this model
+        raise PlanMismatch(
+            f"model: the plan was made for {request.model}, it does not build {options.model}: {error}"
+        ) from error
+    return spec, applied, reference
+
+
+@dataclass
+class Reference:
+    """The same training on one process: the eager module, ``loss.backward()``, the same optimizer."""
+
+    module: torch.nn.Module
+    spec: Any
+    optimizer: torch.optim.Optimizer | None = None
+
+    def step(self, planned: Any = None) -> None:
+        """One step; with ``planned`` (the planned step's result) compare its loss and every gradient."""
+        from strategies.graph.capture import call_module, default_loss
+
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = (self.spec.loss_fn or default_loss)(call_module(self.module, self.spec.example_inputs))
+        loss.backward()
+        if planned is not None:
+            _compare("loss", planned.loss.full_tensor(), loss.detach())
+            for name, gradient in planned.gradients.items():
+                held = self.module.get_parameter(name)
+                expected = torch.zeros_like(held) if held.grad is None else held.grad
+                _compare(f"{name}.grad", gradient.full_tensor(), expected)
+        self.optimizer.step()
+
+    def take(self, parameters: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
+        """Start from the weights and optimizer state a checkpoint just gave the ranks."""
+        from torch.distributed.tensor import DTensor
+        from torch.utils._pytree import tree_map
+
+        assert self.optimizer is not None
+        with torch.no_grad():
+            for name, parameter in self.module.named_parameters():
+                parameter.copy_(parameters[name].full_tensor())
+        whole = tree_map(lambda t: t.full_tensor() if isinstance(t, DTensor) else t, optimizer.state_dict())
+        self.optimizer.load_state_dict(whole)
+
+    def compare_parameters(self, parameters: dict[str, torch.nn.Parameter], options: RunOptions) -> None:
+        """Every parameter after the last step. Adam divides by the gradient's running scale, so a gradient
+        that is rounding noise (a key bias: softmax ignores it) still moves its weight by up to lr a step,
+        differently on each layout: the tolerance grows by that much."""
+        drift = 2 * options.lr * options.steps if options.optimizer == "adamw" else 0.0
+        held = dict(self.module.named_parameters())
+        for name, parameter in parameters.items():
+            what = f"{name} after {options.steps} steps"
+            _compare(what, parameter.full_tensor(), held[name].detach(), extra_atol=drift)
 
 
 def load_plan(path: str) -> dict[str, Any]:
@@ -220,28 +267,6 @@ def _collective_counts(comm: Any) -> dict[str, int]:
         key = COLLECTIVE_NAMES.get(name, name)
         counts[key] = counts.get(key, 0) + int(count)
     return counts
-
-
-def _copy_into_reference(
-    parameters: dict[str, torch.nn.Parameter],
-    optimizer: torch.optim.Optimizer,
-    reference: torch.nn.Module,
-    reference_optimizer: torch.optim.Optimizer,
-) -> None:
-    """Give the one-process reference the weights and optimizer state a checkpoint just gave the ranks."""
-    from torch.distributed.tensor import DTensor
-    from torch.utils._pytree import tree_map
-
-    with torch.no_grad():
-        for name, parameter in reference.named_parameters():
-            parameter.copy_(parameters[name].full_tensor())
-    whole = tree_map(lambda t: t.full_tensor() if isinstance(t, DTensor) else t, optimizer.state_dict())
-    reference_optimizer.load_state_dict(whole)
-
-
-def _reference_grad(module: torch.nn.Module, name: str) -> torch.Tensor:
-    grad = module.get_parameter(name).grad
-    return torch.zeros_like(module.get_parameter(name)) if grad is None else grad
 
 
 def _compare(what: str, actual: torch.Tensor, expected: torch.Tensor, extra_atol: float = 0.0) -> None:

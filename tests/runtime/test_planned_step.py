@@ -1,5 +1,6 @@
 """Plans run on 4 gloo ranks as planned: the solver's plan and every hand-written baseline, for an MLP, a
-2-layer GPT with attention and a 2-layer `transformers` Llama (a factory), on meshes (4,) and (2, 2).
+2-layer GPT with attention, a 2-layer `transformers` Llama (a factory) and a 6-layer llama3 planned from a
+4-layer capture (run at its full depth), on meshes (4,) and (2, 2).
 
 Each run checks itself (`run_rank` with ``check``): the loss and every gradient of step 0 equal one process,
 and so does every parameter after two optimizer steps. Here the test asserts that the check ran, that every
@@ -23,20 +24,24 @@ from tests.runtime.ranks import Ranks
 USER_MODELS = Path(__file__).resolve().parents[1] / "strategies" / "models" / "user_models"
 HF_LLAMA = f"{USER_MODELS / 'hf_llama.py'}:factory"
 GPT = {"dim": 128, "n_heads": 4, "vocab_size": 256, "max_seq_len": 64, "ffn_dim": 512}
+LLAMA = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "ffn_dim": 128, "max_seq_len": 64}
 
 MODELS = {
     # name -> (model, request fields); float32 so one process is a sharp reference
     "mlp": ("mlp", {"batch": 64, "options": {"d": 256, "h": 1024}}),
     "gpt": ("gpt2-small", {"batch": 8, "seq": 32, "layers": 2, "options": GPT}),
     "llama": (HF_LLAMA, {}),
+    # 6 layers planned from a capture of 4 (first, two tied middle copies, last): run at full depth
+    "deep": ("llama3-8b", {"batch": 4, "seq": 16, "layers": 6, "options": LLAMA}),
 }
 LAYOUTS = (None, "ddp", "fsdp", "megatron", "fsdp_tp")
+DEEP = {("4", None), ("4", "megatron"), ("2x2", "ddp"), ("2x2", "fsdp_tp")}
 CASES = [
     (name, mesh, layout)
     for name in MODELS
     for mesh in ("4", "2x2")
     for layout in LAYOUTS
-    if not (layout == "fsdp_tp" and mesh == "4")
+    if not (layout == "fsdp_tp" and mesh == "4") and (name != "deep" or (mesh, layout) in DEEP)
 ]
 
 
@@ -71,6 +76,8 @@ def test_the_plan_runs_as_planned_and_equals_one_process(ranks, tmp_path, name, 
     if layout in ("ddp", "fsdp"):  # data parallel: gradients are reduced
         assert sum(collectives["measured"].values()) > 0
     assert all(r["loss"] == report["loss"] for r in reports)
+    if name == "deep":
+        assert json.loads(plan.read_text())["layers"] == {"captured": 4, "total": 6}
 
 
 def test_a_plan_for_another_model_is_refused_by_name(ranks, tmp_path) -> None:
