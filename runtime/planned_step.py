@@ -65,6 +65,45 @@ class StepResult:
     gradients: dict[str, DTensor]
     """Parameter name -> gradient, in the parameter's placements."""
     deviations: list[Deviation] = field(default_factory=list)
+    peak_bytes: int = 0
+    """This rank's largest total of live local tensors during the step: parameters, buffers, inputs, and
+    every value from the op that makes it to its last use (storages counted once)."""
+
+
+class LiveBytes:
+    """Bytes of the distinct storages behind a set of live values (DTensors count their local tensor)."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, list[int]] = {}  # storage pointer -> [bytes, references]
+        self.now = 0
+        self.peak = 0
+
+    def add(self, value: Any) -> None:
+        for key, size in _storages(value):
+            entry = self.held.setdefault(key, [size, 0])
+            if entry[1] == 0:
+                self.now += size
+            entry[1] += 1
+        self.peak = max(self.peak, self.now)
+
+    def remove(self, value: Any) -> None:
+        for key, _ in _storages(value):
+            entry = self.held[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                self.now -= entry[0]
+                del self.held[key]
+
+
+def _storages(value: Any) -> list[tuple[int, int]]:
+    leaves = value if isinstance(value, (tuple, list)) else (value,)
+    found = []
+    for leaf in leaves:
+        local = leaf.to_local() if isinstance(leaf, DTensor) else leaf
+        if isinstance(local, torch.Tensor):
+            storage = local.untyped_storage()
+            found.append((storage.data_ptr(), storage.nbytes()))
+    return found
 
 
 def check_plan(plan: Mapping[str, Any], mesh_shape: Sequence[int] | None = None) -> None:
@@ -162,6 +201,7 @@ class PlannedStep:
             name: _placements(spec) for name, spec in plan["parameters"].items() if name in graph.parameters
         }
         self.input_placements = [_placements(spec) for spec in plan.get("inputs", [])]
+        self.frees_after = _frees_after(graph)
         if len(self.input_placements) != len(graph.inputs):
             raise PlanMismatch(
                 f"model: the plan places {len(self.input_placements)} inputs, "
@@ -210,14 +250,20 @@ class PlannedStep:
         for node, value in zip(self.graph.inputs, inputs, strict=True):
             env[node] = value
         deviations: list[Deviation] = []
+        live = LiveBytes()
+        for value in env.values():
+            live.add(value)
         with torch.no_grad():
-            for node in self.graph.order:
+            for index, node in enumerate(self.graph.order):
                 env[node] = self._run(node, env, deviations)
+                live.add(env[node])
+                for done in self.frees_after[index]:  # values past their last use go
+                    live.remove(env.pop(done))
         gradients = {
             name: redistribute(env[node], self.parameter_placements[name])
             for name, node in self.graph.gradients.items()
         }
-        return StepResult(env[self.graph.loss], gradients, deviations)
+        return StepResult(env[self.graph.loss], gradients, deviations, live.peak)
 
     def _run(self, node: fx.Node, env: dict[fx.Node, Any], deviations: list[Deviation]) -> Any:
         if node.target is operator.getitem:
@@ -267,6 +313,19 @@ class PlannedStep:
                 full = self.replicate(value)
                 leaves[i] = full if wanted[i] is None else redistribute(full, wanted[i])
         return tree_unflatten(leaves, spec)
+
+
+def _frees_after(graph: JointGraph) -> list[list[fx.Node]]:
+    """Per op index, the op values whose last use it is (the step's outputs stay)."""
+    position = {node: index for index, node in enumerate(graph.order)}
+    kept = {graph.loss, *graph.gradients.values(), *graph.input_gradients.values()}
+    frees: list[list[fx.Node]] = [[] for _ in graph.order]
+    for node in graph.order:
+        if node in kept:
+            continue
+        uses = [position[user] for user in node.users if user in position]
+        frees[max(uses, default=position[node])].append(node)
+    return frees
 
 
 def _call(op: Any, args: Any, kwargs: dict[str, Any]) -> Any:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from strategies.units import bytes_text
+
 
 def report_text(report: dict[str, Any]) -> str:
     mesh = report["mesh"]
@@ -18,6 +20,8 @@ def report_text(report: dict[str, Any]) -> str:
         f"step time {report['step_time_s'] * 1e3:.1f} ms (median after the first step)",
         "",
         _collectives_table(report["collectives"], report["backend"]),
+        "",
+        _memory_line(report["memory"]),
     ]
     if report["deviations"]:
         lines += ["", f"{len(report['deviations'])} ops came out in other placements than planned:"]
@@ -43,3 +47,13 @@ def _collectives_table(collectives: dict[str, Any], backend: str) -> str:
             f"{expected.get(name, 0):>12}"
         )
     return "\n".join([*rows, f"collectives: {verdict}"])
+
+
+def _memory_line(memory: dict[str, Any]) -> str:
+    peaks = memory["peak_bytes_per_rank"]
+    text = f"peak memory per rank {bytes_text(min(peaks))}"
+    text += f" to {bytes_text(max(peaks))}" if max(peaks) != min(peaks) else ""
+    predicted = memory["predicted_peak_bytes"]
+    if predicted:
+        text += f", plan {bytes_text(predicted)} ({100 * memory['largest_over_predicted']:.0f}%)"
+    return text

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from runtime import checkpoint
-from runtime.planned_step import PlanMismatch, apply_plan, check_plan
+from runtime.planned_step import LiveBytes, PlanMismatch, apply_plan, check_plan
 
 #: (rtol, atol) of a sharded result against one process, by dtype: sums in another order round apart.
 TOLERANCE = {
@@ -109,13 +109,16 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
     seconds: list[float] = []
     measured: dict[str, int] = {}
     deviations: list[dict[str, Any]] = []
+    peak = 0
     for index in range(options.steps):
         optimizer.zero_grad(set_to_none=True)
+        held = _state_bytes(optimizer)
         started = time.perf_counter()
         with CommDebugMode() as comm:
             result = applied.forward_backward(inputs)
         optimizer.step()
         seconds.append(time.perf_counter() - started)
+        peak = max(peak, result.peak_bytes + held, _step_bytes(parameters, optimizer))
         if index == 0:
             measured = _collective_counts(comm)
             deviations = [dataclasses.asdict(d) for d in result.deviations]
@@ -147,7 +150,40 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
             "match": measured == expected,
         },
         "deviations": deviations,
+        "memory": _memory(peak, plan),
         "checked": options.check,
+    }
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """This rank's bytes of optimizer state (Adam's moments; nothing for plain SGD)."""
+    live = LiveBytes()
+    for state in optimizer.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                live.add(value)
+    return live.now
+
+
+def _step_bytes(parameters: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> int:
+    """Bytes held at the optimizer step: parameters, gradients and optimizer state."""
+    live = LiveBytes()
+    for parameter in parameters.values():
+        live.add(parameter)
+        if parameter.grad is not None:
+            live.add(parameter.grad)
+    return live.now + _state_bytes(optimizer)
+
+
+def _memory(peak: int, plan: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's measured peak beside the plan's predicted peak per device."""
+    peaks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, peak)
+    predicted = plan.get("predicted", {}).get("peak_memory_bytes")
+    return {
+        "peak_bytes_per_rank": peaks,
+        "predicted_peak_bytes": predicted,
+        "largest_over_predicted": max(peaks) / predicted if predicted else None,
     }
 
 

@@ -76,6 +76,8 @@ def test_the_plan_runs_as_planned_and_equals_one_process(ranks, tmp_path, name, 
     if layout in ("ddp", "fsdp"):  # data parallel: gradients are reduced
         assert sum(collectives["measured"].values()) > 0
     assert all(r["loss"] == report["loss"] for r in reports)
+    memory = report["memory"]  # the plan's memory promise holds: no rank above its predicted peak
+    assert 0 < max(memory["peak_bytes_per_rank"]) <= 1.1 * memory["predicted_peak_bytes"], memory
     if name == "deep":
         assert json.loads(plan.read_text())["layers"] == {"captured": 4, "total": 6}
 
