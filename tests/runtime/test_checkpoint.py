@@ -7,14 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from runtime.worker import RunOptions
-from tests.runtime.ranks import Ranks
+from runtime.worker import RunOptions, run_rank
+from tests.gloo_ranks import GlooRanks
 from tests.runtime.test_planned_step import write_plan
 
 
 @pytest.fixture(scope="module")
-def ranks() -> Iterator[Ranks]:
-    pool = Ranks()
+def ranks() -> Iterator[GlooRanks]:
+    pool = GlooRanks()
     yield pool
     pool.close()
 
@@ -22,10 +22,12 @@ def ranks() -> Iterator[Ranks]:
 def test_a_checkpoint_saved_under_one_plan_continues_under_another(ranks, tmp_path) -> None:
     ddp, megatron = write_plan(tmp_path, "gpt", "2x2", "ddp"), write_plan(tmp_path, "gpt", "4", "megatron")
     common = {"model": "gpt2-small", "optimizer": "adamw", "lr": 1e-3}
-    straight = ranks.run(RunOptions(plan=str(ddp), steps=4, **common))[0]
-    saved = ranks.run(RunOptions(plan=str(ddp), steps=2, save=str(tmp_path / "ckpt"), check=True, **common))
+    straight = ranks.run(run_rank, RunOptions(plan=str(ddp), steps=4, **common))[0]
+    saved = ranks.run(
+        run_rank, RunOptions(plan=str(ddp), steps=2, save=str(tmp_path / "ckpt"), check=True, **common)
+    )
     resumed = ranks.run(
-        RunOptions(plan=str(megatron), steps=2, load=str(tmp_path / "ckpt"), check=True, **common)
+        run_rank, RunOptions(plan=str(megatron), steps=2, load=str(tmp_path / "ckpt"), check=True, **common)
     )
     for report in (straight, *saved, *resumed):
         assert isinstance(report, dict), report

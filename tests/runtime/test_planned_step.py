@@ -17,9 +17,9 @@ import pytest
 
 from runtime.launch import check_before_start
 from runtime.planned_step import PlanMismatch, check_plan
-from runtime.worker import RunOptions
+from runtime.worker import RunOptions, run_rank
 from strategies.plan.planner import PlanRequest, plan_model
-from tests.runtime.ranks import Ranks
+from tests.gloo_ranks import GlooRanks, RankError
 
 USER_MODELS = Path(__file__).resolve().parents[1] / "strategies" / "models" / "user_models"
 HF_LLAMA = f"{USER_MODELS / 'hf_llama.py'}:factory"
@@ -46,8 +46,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def ranks() -> Iterator[Ranks]:
-    pool = Ranks()
+def ranks() -> Iterator[GlooRanks]:
+    pool = GlooRanks()
     yield pool
     pool.close()
 
@@ -65,7 +65,9 @@ def write_plan(tmp: Path, name: str, mesh: str, layout: str | None) -> Path:
 )
 def test_the_plan_runs_as_planned_and_equals_one_process(ranks, tmp_path, name, mesh, layout) -> None:
     plan = write_plan(tmp_path, name, mesh, layout)
-    reports = ranks.run(RunOptions(model=MODELS[name][0], plan=str(plan), steps=2, lr=1e-3, check=True))
+    reports = ranks.run(
+        run_rank, RunOptions(model=MODELS[name][0], plan=str(plan), steps=2, lr=1e-3, check=True)
+    )
     for rank, report in enumerate(reports):
         assert isinstance(report, dict), f"rank {rank}: {report}"
     report = reports[0]
@@ -84,9 +86,10 @@ def test_the_plan_runs_as_planned_and_equals_one_process(ranks, tmp_path, name, 
 
 def test_a_plan_for_another_model_is_refused_by_name(ranks, tmp_path) -> None:
     plan = write_plan(tmp_path, "mlp", "4", None)
-    reports = ranks.run(RunOptions(model="gpt2-small", plan=str(plan)))
+    reports = ranks.run(run_rank, RunOptions(model="gpt2-small", plan=str(plan)))
     assert all(
-        isinstance(r, str) and r.startswith("PlanMismatch: model: the plan was made for mlp") for r in reports
+        isinstance(r, RankError) and r.message.startswith("PlanMismatch: model: the plan was made for mlp")
+        for r in reports
     )
 
 
@@ -109,5 +112,7 @@ def test_a_plan_naming_other_parameters_is_refused(ranks, tmp_path) -> None:
     plan = json.loads(path.read_text())
     plan["parameters"]["w3.weight"] = plan["parameters"].pop("w2.weight")
     path.write_text(json.dumps(plan))
-    reports = ranks.run(RunOptions(model="mlp", plan=str(path)))
-    assert all("w2.weight" in r and "w3.weight" in r for r in reports), reports
+    reports = ranks.run(run_rank, RunOptions(model="mlp", plan=str(path)))
+    assert all(
+        isinstance(r, RankError) and "w2.weight" in r.message and "w3.weight" in r.message for r in reports
+    )

@@ -15,25 +15,19 @@ The process group is spawned once per test module (a module-scoped fixture) and 
 
 from __future__ import annotations
 
-import os
-import queue
-import socket
-import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from strategies.cost.mesh import make_mesh
 from strategies.ops.generate import op_strategies
 from strategies.tensor_meta import TensorMeta
+from tests.gloo_ranks import JOB_TIMEOUT_S, GlooRanks, RankError
 
-WORLD = 4
 MESHES = ((4,), (2, 2))
-JOB_TIMEOUT_S = 300
 
 
 @dataclass(frozen=True)
@@ -105,38 +99,26 @@ def strategy_list(case: Case, mesh_shape: tuple[int, ...]) -> list[tuple[list, l
 
 
 class ProcessGroup:
-    """Four spawned ranks of a gloo group that run conformance jobs sent to them."""
+    """Four spawned gloo ranks (:class:`tests.gloo_ranks.GlooRanks`) that check conformance cases."""
 
     def __init__(self) -> None:
-        ctx = mp.get_context("spawn")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.jobs = [ctx.Queue() for _ in range(WORLD)]
-        self.results = ctx.Queue()
-        self.procs = [
-            ctx.Process(target=_worker, args=(rank, port, self.jobs[rank], self.results), daemon=True)
-            for rank in range(WORLD)
-        ]
-        for p in self.procs:
-            p.start()
-        for _ in range(WORLD):
-            rank, status = self.results.get(timeout=120)
-            if status != "ready":
-                raise RuntimeError(f"rank {rank} failed to start: {status}")
+        self.ranks = GlooRanks()
 
     def check(self, case: Case, mesh_shape: tuple[int, ...]) -> list[str]:
         """Failures (one line each) of every strategy of ``case`` on a mesh; empty when all conform."""
         strategies = strategy_list(case, mesh_shape)
-        for q in self.jobs:
-            q.put((case, mesh_shape, strategies))
+        try:
+            answers = self.ranks.run(_check_job, case, mesh_shape, strategies)
+        except TimeoutError:
+            return [f"{case} on {mesh_shape}: timed out after {JOB_TIMEOUT_S} s"]
         failures: list[str] = []
-        for _ in range(WORLD):
-            try:
-                _rank, lines = self.results.get(timeout=JOB_TIMEOUT_S)
-            except queue.Empty:
-                return [f"{case} on {mesh_shape}: timed out after {JOB_TIMEOUT_S} s"]
-            for line in [lines] if isinstance(lines, str) else lines:
+        for answer in answers:
+            lines = (
+                [f"{case} on {mesh_shape}: harness error\n{answer.traceback}"]
+                if isinstance(answer, RankError)
+                else answer
+            )
+            for line in lines:
                 if line not in failures:
                     failures.append(line)
         if not strategies:
@@ -144,12 +126,7 @@ class ProcessGroup:
         return failures
 
     def close(self) -> None:
-        for q in self.jobs:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
+        self.ranks.close()
 
 
 @pytest.fixture(scope="module")
@@ -163,37 +140,16 @@ def gloo() -> Iterator[ProcessGroup]:
 
 # ---------------------------------------------------------------------------------------------- ranks
 
+_MESHES: dict[tuple[int, ...], Any] = {}
 
-def _worker(rank: int, port: int, jobs: Any, results: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    import torch.distributed as dist
 
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-        from strategies.ops.dtensor_bridge import register_with_dtensor
+def _check_job(case: Case, mesh_shape: tuple[int, ...], strategies: list[tuple[list, list]]) -> list[str]:
+    """One rank's share of checking ``case``: the mesh is made once per shape and kept."""
+    if mesh_shape not in _MESHES:
+        from torch.distributed.device_mesh import init_device_mesh
 
-        register_with_dtensor()
-    except Exception as e:
-        results.put((rank, f"{type(e).__name__}: {e}"))
-        return
-    results.put((rank, "ready"))
-    meshes: dict[tuple[int, ...], Any] = {}
-    while True:
-        job = jobs.get()
-        if job is None:
-            break
-        case, mesh_shape, strategies = job
-        try:
-            if mesh_shape not in meshes:
-                from torch.distributed.device_mesh import init_device_mesh
-
-                meshes[mesh_shape] = init_device_mesh("cpu", mesh_shape)
-            lines = _check_case(case, meshes[mesh_shape], strategies)
-        except Exception:
-            lines = f"{case} on {mesh_shape}: harness error\n{traceback.format_exc()}"
-        results.put((rank, lines))
-    dist.destroy_process_group()
+        _MESHES[mesh_shape] = init_device_mesh("cpu", mesh_shape)
+    return _check_case(case, _MESHES[mesh_shape], strategies)
 
 
 def _global_tensor(arg: Any, gen: torch.Generator) -> Any:
