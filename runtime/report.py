@@ -46,7 +46,10 @@ def _collectives_table(collectives: dict[str, Any], backend: str) -> str:
             f"{name:<16}{measured.get(name, 0):>10}{collectives['predicted'].get(name, 0):>10}"
             f"{expected.get(name, 0):>12}"
         )
-    return "\n".join([*rows, f"collectives: {verdict}"])
+    moved = f"{bytes_text(collectives['measured_bytes'])} per rank"
+    if collectives.get("predicted_bytes") is not None:
+        moved += f", plan {bytes_text(collectives['predicted_bytes'])}"
+    return "\n".join([*rows, f"collectives: {verdict}; {moved}"])
 
 
 def _memory_line(memory: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from runtime import checkpoint
+from runtime.collectives import COLLECTIVE_NAMES, CountCollectives
 from runtime.planned_step import LiveBytes, PlanMismatch, apply_plan, check_plan
 
 #: (rtol, atol) of a sharded result against one process, by dtype: sums in another order round apart.
@@ -34,15 +35,6 @@ TOLERANCE = {
     torch.float32: (1e-4, 1e-5),
     torch.bfloat16: (4e-2, 4e-2),
     torch.float16: (1e-2, 1e-3),
-}
-
-#: DTensor's functional collectives -> the names plans use.
-COLLECTIVE_NAMES = {
-    "all_reduce": "all_reduce",
-    "all_gather_into_tensor": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "all_to_all_single": "all_to_all",
-    "broadcast": "broadcast",
 }
 
 
@@ -108,19 +100,20 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
     losses: list[float] = []
     seconds: list[float] = []
     measured: dict[str, int] = {}
+    measured_bytes = 0
     deviations: list[dict[str, Any]] = []
     peak = 0
     for index in range(options.steps):
         optimizer.zero_grad(set_to_none=True)
         held = _state_bytes(optimizer)
         started = time.perf_counter()
-        with CommDebugMode() as comm:
+        with CommDebugMode() as comm, CountCollectives() as sizes:
             result = applied.forward_backward(inputs)
         optimizer.step()
         seconds.append(time.perf_counter() - started)
         peak = max(peak, result.peak_bytes + held, _step_bytes(parameters, optimizer))
         if index == 0:
-            measured = _collective_counts(comm)
+            measured, measured_bytes = _collective_counts(comm), sum(sizes.nbytes.values())
             deviations = [dataclasses.asdict(d) for d in result.deviations]
         losses.append(float(result.loss.full_tensor()))
         if dist.get_rank() == 0:  # progress, as it goes
@@ -148,6 +141,8 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
             "predicted": predicted,
             "expected_on_backend": expected,
             "match": measured == expected,
+            "measured_bytes": measured_bytes,
+            "predicted_bytes": plan.get("predicted", {}).get("comm_bytes"),
         },
         "deviations": deviations,
         "memory": _memory(peak, plan),
@@ -185,6 +180,16 @@ def _memory(peak: int, plan: dict[str, Any]) -> dict[str, Any]:
         "predicted_peak_bytes": predicted,
         "largest_over_predicted": max(peaks) / predicted if predicted else None,
     }
+
+
+def _collective_counts(comm: Any) -> dict[str, int]:
+    """CommDebugMode's counts under the names plans use."""
+    counts: dict[str, int] = {}
+    for op, count in comm.get_comm_counts().items():
+        name = next((part for part in str(op).split(".") if part in COLLECTIVE_NAMES), str(op))
+        key = COLLECTIVE_NAMES.get(name, name)
+        counts[key] = counts.get(key, 0) + int(count)
+    return counts
 
 
 def check_world(plan: dict[str, Any], world: int) -> None:
@@ -294,15 +299,6 @@ def expected_collectives(predicted: dict[str, int], backend: str) -> dict[str, i
     if backend == "gloo" and "all_to_all" in expected:
         expected["all_gather"] = expected.get("all_gather", 0) + expected.pop("all_to_all")
     return expected
-
-
-def _collective_counts(comm: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for op, count in comm.get_comm_counts().items():
-        name = next((part for part in str(op).split(".") if part in COLLECTIVE_NAMES), str(op))
-        key = COLLECTIVE_NAMES.get(name, name)
-        counts[key] = counts.get(key, 0) + int(count)
-    return counts
 
 
 def _compare(what: str, actual: torch.Tensor, expected: torch.Tensor, extra_atol: float = 0.0) -> None:
