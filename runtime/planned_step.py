@@ -158,11 +158,10 @@ def node_plans(plan: Mapping[str, Any], graph: JointGraph) -> dict[str, NodePlan
 def check_shapes(plan: Mapping[str, Any], graph: JointGraph) -> None:
     """Refuse a plan whose placements cannot hold the graph's tensors (a shard of a dim the tensor lacks)."""
     for name, node in graph.parameters.items():
-        placements = plan["parameters"][name]
         ndim = node.meta["val"].ndim
-        for text in placements:
-            if text.startswith("S(") and int(text[2:-1]) >= ndim:
-                raise PlanMismatch(f"model: parameter {name} has {ndim} dims; the plan shards it as {text}")
+        for code in parse_spec(plan["parameters"][name]):
+            if code >= ndim:
+                raise PlanMismatch(f"model: parameter {name} has {ndim} dims; the plan shards dim {code}")
 
 
 def redistribute(value: DTensor, placements: Placements) -> DTensor:
@@ -195,7 +194,6 @@ class PlannedStep:
         self.nodes = node_plans(plan, graph)
         check_shapes(plan, graph)
         self.graph = graph
-        self.plan = plan
         self.mesh = mesh
         self.parameter_placements = {
             name: _placements(spec) for name, spec in plan["parameters"].items() if name in graph.parameters
