@@ -206,22 +206,12 @@ def _build_and_apply(
 ) -> tuple[Any, Any, Reference | None]:
     """The model built from the seed with the plan's shapes (every rank alike), its one-process twin when
     checking, and the plan applied to it."""
-    from strategies.models import load_model
-    from strategies.plan.planner import DEFAULT_BATCH, DEFAULT_SEQ, PlanRequest, capture_request
-    from strategies.tensor_meta import parse_dtype
+    from strategies.plan.planner import PlanRequest, build_request_model, capture_request
 
     request = PlanRequest(**plan["request"])
     torch.manual_seed(options.seed)
     try:
-        spec = load_model(
-            options.model,
-            batch=request.batch or DEFAULT_BATCH,
-            seq=request.seq or DEFAULT_SEQ,
-            dtype=parse_dtype(request.dtype),
-            layers=request.layers,
-            device=options.device,
-            **request.options,
-        )
+        spec = build_request_model(request, options.model, request.layers, options.device)
         reference = Reference(copy.deepcopy(spec.module), spec) if options.check else None
         short = None
         if "layers" in plan:  # planned from a short capture: the same capture, to map every layer onto it

@@ -96,7 +96,9 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
         built = _capture_and_build(request, mesh, None, say, timings)
     problem = built.problem
     if request.baseline is not None:
-        problem = problem.replace(pins={**problem.pins, **_baseline_pins(request.baseline, built)})
+        from strategies.plan.baselines import baseline_pins
+
+        problem = problem.replace(pins={**problem.pins, **baseline_pins(request.baseline, built)})
     say(f"solving: {problem.summary()}")
     phase = time.perf_counter()
     try:
@@ -123,12 +125,6 @@ def _check_baseline(name: str | None, mesh: Mesh) -> None:
         raise ValueError(f"baseline: unknown layout {name!r}; choose one of {', '.join(BASELINES)}")
     if name == "fsdp_tp" and mesh.ndim < 2:
         raise ValueError("baseline: fsdp_tp needs a mesh of 2 or more axes")
-
-
-def _baseline_pins(name: str, built: BuiltProblem) -> dict[int, int]:
-    from strategies.plan.baselines import baseline_pins
-
-    return baseline_pins(name, built)
 
 
 def _budget_error(error: InfeasibleError, request: PlanRequest, mesh: Mesh) -> InfeasibleError:
@@ -166,6 +162,23 @@ def _layer_repeat(request: PlanRequest) -> LayerRepeat | None:
     return LayerRepeat(captured, total)
 
 
+def build_request_model(request: PlanRequest, model: str, layers: int | None, device: str) -> ModelSpec:
+    """``model`` (the request's, or the one a run names) built with the request's shapes, dtype and options,
+    ``layers`` deep, on ``device``; a factory fixes its own."""
+    from strategies.models import load_model
+    from strategies.tensor_meta import parse_dtype
+
+    return load_model(
+        model,
+        batch=request.batch or DEFAULT_BATCH,
+        seq=request.seq or DEFAULT_SEQ,
+        dtype=parse_dtype(request.dtype),
+        layers=layers,
+        device=device,
+        **request.options,
+    )
+
+
 def capture_request(
     request: PlanRequest,
     layers: int | None,
@@ -176,9 +189,6 @@ def capture_request(
     """The model of ``request`` built on ``device`` (``layers`` deep; a factory fixes its own) and its
     training step captured and rewritten as the planner plans it: the runtime captures the same graph.
     ``depth`` is said after the model's name (``" (4 of its 32 layers)"``)."""
-    from strategies.models import load_model
-    from strategies.tensor_meta import parse_dtype
-
     say = say or (lambda message: None)
     if ":" in request.model:
         say(f"building {request.model} (the factory fixes its device, shapes and dtype)")
@@ -187,15 +197,7 @@ def capture_request(
             say(f"  ignored for a factory model: {', '.join(ignored)}")
     else:
         say(f"building {request.model}{depth} on the {device} device")
-    spec = load_model(
-        request.model,
-        batch=request.batch or DEFAULT_BATCH,
-        seq=request.seq or DEFAULT_SEQ,
-        dtype=parse_dtype(request.dtype),
-        layers=layers,
-        device=device,
-        **request.options,
-    )
+    spec = build_request_model(request, request.model, layers, device)
     say("capturing the joint forward + backward graph")
     return capture_for_planning(spec.module, spec.example_inputs, spec.loss_fn), spec
 
