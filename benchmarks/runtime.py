@@ -6,9 +6,10 @@ For the ``mlp`` model (float32, one 4-rank gloo group on 127.0.0.1) and each lay
 layout (`autoshard plan --baseline ...`) runs through `runtime.apply_plan`, and the same layout written by
 hand runs as eager PyTorch: Megatron with ``parallelize_module`` (``w1`` column-parallel, ``w2``
 row-parallel), FSDP with ``fully_shard`` (each rank its part of the batch). Each does the same steps of SGD on
-the same weights; the table gives the median step time of each (after one warm-up step), their ratio
-(hand-written / planned: 0.95 or more is the target), and the bytes per rank the plan predicted against those
-the planned warm-up step moved (gloo has no all-to-all: DTensor all-gathers, which moves more).
+the same weights, their steps taken in turn so both meet the same load; the table gives the median step
+time of each (after one warm-up step), their ratio (hand-written / planned: 0.95 or more is the target), and
+the bytes per rank the plan predicted against those a first planned step moved (gloo has no all-to-all:
+DTensor all-gathers, which moves more).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 LAYOUTS = ("megatron", "fsdp")
@@ -75,7 +78,6 @@ def main() -> None:
 
 
 def _rank(rank: int, world: int, port: int, plans: dict[str, str], args: Any, results: Any) -> None:
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -85,8 +87,9 @@ def _rank(rank: int, world: int, port: int, plans: dict[str, str], args: Any, re
     rows = []
     for layout in LAYOUTS:
         plan = json.loads(Path(plans[layout]).read_text(encoding="utf-8"))
-        planned_ms, measured_bytes = _planned(plan, mesh, args)
-        hand_ms = _hand_written(layout, mesh, args)
+        planned, measured_bytes = _planned(plan, mesh, args)
+        hand = _hand_written(layout, mesh, args)
+        planned_ms, hand_ms = _alternating(planned, hand, args.steps)
         rows.append(
             {
                 "layout": layout,
@@ -110,8 +113,22 @@ def _model(args: Any) -> Any:
     return build_model("mlp", batch=args.batch, seq=1, dtype=torch.float32, device="cpu", d=args.d, h=args.h)
 
 
-def _planned(plan: dict[str, Any], mesh: Any, args: Any) -> tuple[float, int]:
-    """Median step milliseconds of the plan applied by the runtime, and the bytes its first step moved."""
+def _alternating(planned: Callable[[], None], hand: Callable[[], None], steps: int) -> tuple[float, float]:
+    """Median milliseconds of each step function, their steps taken in turn (one warm-up each), so both see
+    the same machine: on a shared 2-core host, load that comes and goes would otherwise favour one."""
+    planned(), hand()
+    seconds: dict[Callable[[], None], list[float]] = {planned: [], hand: []}
+    for _ in range(steps):
+        for step in (planned, hand):
+            dist.barrier()
+            started = time.perf_counter()
+            step()
+            seconds[step].append(time.perf_counter() - started)
+    return 1e3 * statistics.median(seconds[planned]), 1e3 * statistics.median(seconds[hand])
+
+
+def _planned(plan: dict[str, Any], mesh: Any, args: Any) -> tuple[Callable[[], None], int]:
+    """One SGD step of the plan applied by the runtime, and the bytes a first step moved."""
     from runtime.collectives import CountCollectives
     from runtime.planned_step import apply_plan
     from strategies.graph.capture import input_tensors
@@ -120,21 +137,19 @@ def _planned(plan: dict[str, Any], mesh: Any, args: Any) -> tuple[float, int]:
     applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
     optimizer = torch.optim.SGD(applied.parameters.values(), lr=1e-6)
     inputs = input_tensors(spec.example_inputs)
-    with CountCollectives() as sizes:  # the warm-up step, weighed (the mode costs time: not in the timing)
+    with CountCollectives() as sizes:  # a first step, weighed (the mode costs time: not a timed step)
         applied.forward_backward(inputs)
-    optimizer.step()
-    seconds = []
-    for _ in range(args.steps):
+
+    def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        started = time.perf_counter()
         applied.forward_backward(inputs)
         optimizer.step()
-        seconds.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(seconds), sum(sizes.nbytes.values())
+
+    return step, sum(sizes.nbytes.values())
 
 
-def _hand_written(layout: str, mesh: Any, args: Any) -> float:
-    """Median step milliseconds of the layout written with PyTorch's own APIs, eager."""
+def _hand_written(layout: str, mesh: Any, args: Any) -> Callable[[], None]:
+    """One SGD step of the layout written with PyTorch's own APIs, eager."""
     spec = _model(args)
     module = spec.module
     x, target = spec.example_inputs
@@ -149,15 +164,13 @@ def _hand_written(layout: str, mesh: Any, args: Any) -> float:
         rank, world = mesh.get_local_rank(), mesh.size()
         x, target = (t.chunk(world)[rank] for t in (x, target))  # FSDP: each rank its part of the batch
     optimizer = torch.optim.SGD(module.parameters(), lr=1e-6)
-    seconds = []
-    for _ in range(args.steps + 1):
+
+    def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        started = time.perf_counter()
-        loss = module(x, target)
-        loss.backward()
+        module(x, target).backward()
         optimizer.step()
-        seconds.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(seconds[1:])
+
+    return step
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ gradient reduction the plan priced), so any torch optimizer steps on the DTensor
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -200,11 +201,32 @@ class PlannedStep:
         }
         self.input_placements = [_placements(spec) for spec in plan.get("inputs", [])]
         self.frees_after = _frees_after(graph)
+        self.gradient_of: dict[fx.Node, list[str]] = {}
+        for name, node in graph.gradients.items():
+            self.gradient_of.setdefault(node, []).append(name)
+        self.moved_once = self._moved_once()
         if len(self.input_placements) != len(graph.inputs):
             raise PlanMismatch(
                 f"model: the plan places {len(self.input_placements)} inputs, "
                 f"the model takes {len(graph.inputs)}"
             )
+
+    def _moved_once(self) -> set[tuple[fx.Node, int]]:
+        """(value, output) pairs that every reader (op arguments, a gradient's parameter) reads in one same
+        placement; the plan's ``predict`` counts the move of such a value once, as :meth:`_run` makes it."""
+        wanted: dict[tuple[fx.Node, int], set[tuple | None]] = {}
+        for node in self.graph.order:
+            if node.target is operator.getitem:
+                continue
+            slots = iter(self.nodes[node.name].inputs)
+            for source, k in _tensor_arguments((node.args, node.kwargs)):
+                placements = next(slots, None)
+                if placements is not None:
+                    wanted.setdefault((source, k), set()).add(tuple(placements))
+        for name, node in self.graph.gradients.items():
+            wanted.setdefault((node, 0), set()).add(tuple(self.parameter_placements[name] or ()))
+        wanted.setdefault((self.graph.loss, 0), set()).add((Replicate(),) * self.mesh.ndim)
+        return {key for key, placements in wanted.items() if len(placements) == 1}
 
     def distribute_parameters(self, parameters: Mapping[str, torch.Tensor]) -> dict[str, torch.nn.Parameter]:
         """Each parameter as a DTensor parameter with its planned placements (from the full tensor every rank
@@ -251,30 +273,54 @@ class PlannedStep:
         live = LiveBytes()
         for value in env.values():
             live.add(value)
+        gradients: dict[str, DTensor] = {}
         with torch.no_grad():
             for index, node in enumerate(self.graph.order):
-                env[node] = self._run(node, env, deviations)
+                env[node] = self._run(node, env, deviations, live)
                 live.add(env[node])
+                for name in self.gradient_of.get(node, ()):  # reduced at once, as DDP and FSDP do
+                    gradients[name] = redistribute(env[node], self.parameter_placements[name])
+                    live.add(gradients[name])
                 for done in self.frees_after[index]:  # values past their last use go
                     live.remove(env.pop(done))
-        gradients = {
-            name: redistribute(env[node], self.parameter_placements[name])
-            for name, node in self.graph.gradients.items()
-        }
         return StepResult(env[self.graph.loss], gradients, deviations, live.peak)
 
-    def _run(self, node: fx.Node, env: dict[fx.Node, Any], deviations: list[Deviation]) -> Any:
+    def _run(
+        self, node: fx.Node, env: dict[fx.Node, Any], deviations: list[Deviation], live: LiveBytes
+    ) -> Any:
+        """One op, each argument first moved to its planned placement. A value that all its readers read in
+        one other placement, no larger than its own, is moved once, at its first reader, and the moved copy
+        replaces it (``moved_once``; e.g. the partial output that the loss and the loss's backward both read
+        replicated: one all-reduce)."""
         if node.target is operator.getitem:
             return env[node.args[0]][node.args[1]]
         planned = self.nodes[node.name]
         slots = iter(planned.inputs)
 
+        def place(source: fx.Node, k: int, value: DTensor) -> DTensor:
+            placements = next(slots)
+            if placements is None or tuple(value.placements) == tuple(placements):
+                return value
+            moved = redistribute(value, placements)
+            if (source, k) in self.moved_once and _largest_piece(value, placements) <= _largest_piece(
+                value, value.placements
+            ):  # the same answer on every rank (a local size may differ between ranks)
+                held = env[source]
+                env[source] = (
+                    moved if k == 0 and not isinstance(held, (tuple, list)) else _replaced(held, k, moved)
+                )
+                live.remove(value)
+                live.add(moved)
+            return moved
+
         def placed(value: Any) -> Any:
             if isinstance(value, fx.Node):
                 held = env[value]
                 if isinstance(held, (tuple, list)):
-                    return type(held)(_place(v, next(slots)) if isinstance(v, DTensor) else v for v in held)
-                return _place(held, next(slots)) if isinstance(held, DTensor) else held
+                    return type(held)(
+                        place(value, k, v) if isinstance(v, DTensor) else v for k, v in enumerate(held)
+                    )
+                return place(value, 0, held) if isinstance(held, DTensor) else held
             if isinstance(value, (tuple, list)):
                 return type(value)(placed(v) for v in value)
             if isinstance(value, dict):
@@ -313,10 +359,42 @@ class PlannedStep:
         return tree_unflatten(leaves, spec)
 
 
+def _tensor_arguments(value: Any) -> list[tuple[fx.Node, int]]:
+    """The (value, output) pairs of an op's tensor arguments, in the order of its planned input placements."""
+    found: list[tuple[fx.Node, int]] = []
+    if isinstance(value, fx.Node):
+        held = value.meta.get("val")
+        if isinstance(held, (tuple, list)):
+            found += [(value, k) for k, v in enumerate(held) if isinstance(v, torch.Tensor)]
+        elif isinstance(held, torch.Tensor):
+            found.append((value, 0))
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            found += _tensor_arguments(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            found += _tensor_arguments(v)
+    return found
+
+
+def _largest_piece(value: DTensor, placements: Placements) -> int:
+    """Elements of the largest local piece of ``value`` in ``placements``."""
+    pieces = [1] * value.ndim
+    for axis, placement in enumerate(placements):
+        if placement.is_shard():
+            pieces[placement.dim] *= value.device_mesh.size(axis)
+    return math.prod(-(-size // n) for size, n in zip(value.shape, pieces, strict=True))
+
+
+def _replaced(held: Sequence[Any], k: int, value: Any) -> Any:
+    return type(held)(value if i == k else v for i, v in enumerate(held))
+
+
 def _frees_after(graph: JointGraph) -> list[list[fx.Node]]:
-    """Per op index, the op values whose last use it is (the step's outputs stay)."""
+    """Per op index, the op values whose last use it is (the loss and input gradients stay; a parameter's
+    gradient goes after its last use inside the step, its reduced copy having been taken)."""
     position = {node: index for index, node in enumerate(graph.order)}
-    kept = {graph.loss, *graph.gradients.values(), *graph.input_gradients.values()}
+    kept = {graph.loss, *graph.input_gradients.values()}
     frees: list[list[fx.Node]] = [[] for _ in graph.order]
     for node in graph.order:
         if node in kept:
@@ -347,10 +425,6 @@ def _local_part(full: torch.Tensor, mesh: DeviceMesh, placements: Placements) ->
     """The DTensor of a tensor every rank holds whole and alike: each rank keeps its own part, no data moves
     (``src_data_rank=None``)."""
     return distribute_tensor(full, mesh, placements, src_data_rank=None)
-
-
-def _place(value: DTensor, placements: Placements | None) -> DTensor:
-    return value if placements is None else redistribute(value, placements)
 
 
 @dataclass
@@ -388,10 +462,12 @@ def apply_plan(
     (tied names share one), so the module's state dict is the sharded one. A plan made from a short capture
     of a deep model needs that capture (``short_graph``): every layer then runs as the layer standing for it
     (:mod:`runtime.full_depth`)."""
+    from runtime.device_attention import register_for
     from strategies.graph.passes import capture_for_planning
     from strategies.ops.dtensor_bridge import register_with_dtensor
 
     register_with_dtensor()
+    register_for(mesh.device_type)  # the CPU capture's attention kernels, on the mesh's device
     check_plan(plan, tuple(mesh.shape))
     graph = capture_for_planning(module, example_inputs, loss_fn)
     if "layers" in plan:

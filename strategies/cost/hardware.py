@@ -48,6 +48,8 @@ class Hardware(HashOnce):
     """Floor on any kernel's time (launch overhead), seconds."""
     collective_launch_s: float = 6.6e-6
     """Fixed cost of starting one collective, seconds (one all-reduce beats all-gather + reduce-scatter)."""
+    host_to_device: float = 50 * GB
+    """Bytes/s a device loads from its host (PCIe): what a data loader's batch costs each rank."""
     default_flops_dtype: str = field(default="float32")
 
     def hash_key(self) -> tuple:
@@ -61,6 +63,7 @@ class Hardware(HashOnce):
             self.inter_node,
             self.launch_s,
             self.collective_launch_s,
+            self.host_to_device,
         )
 
     __hash__ = HashOnce.__hash__  # dataclass(frozen=True) would otherwise generate one
@@ -75,7 +78,15 @@ class Hardware(HashOnce):
 
 
 def _gpu(
-    name: str, bf16: float, fp32: float, fp8: float, hbm: float, memory: float, nvlink: float, ib: float
+    name: str,
+    bf16: float,
+    fp32: float,
+    fp8: float,
+    hbm: float,
+    memory: float,
+    nvlink: float,
+    ib: float,
+    pcie: float,
 ) -> Hardware:
     return Hardware(
         name=name,
@@ -86,21 +97,31 @@ def _gpu(
         intra_node=Link(bandwidth=nvlink, latency=2e-6),
         inter_node=Link(bandwidth=ib, latency=8e-6),
         launch_s=5e-6,
+        host_to_device=pcie,
     )
 
 
 PRESETS: dict[str, Hardware] = {
     # H100 SXM: 989 TFLOP/s bf16 dense, 67 fp32 (no TF32), 1979 fp8; 3.35 TB/s HBM3; NVLink 4 450 GB/s
-    # per direction; 400 Gb/s InfiniBand NDR per GPU.
-    "h100": _gpu("h100", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 3.35e12, 80 * GIB, 450 * GB, 50 * GB),
+    # per direction; 400 Gb/s InfiniBand NDR per GPU; PCIe 5.0 x16 to the host (~50 GB/s achieved).
+    "h100": _gpu(
+        "h100", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 3.35e12, 80 * GIB, 450 * GB, 50 * GB, 50 * GB
+    ),
     # H200 SXM: the H100's compute with 141 GB (141e9 bytes) of HBM3e at 4.8 TB/s; NVLink 4 and
-    # InfiniBand as h100.
-    "h200": _gpu("h200", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 4.8e12, 141 * GB, 450 * GB, 50 * GB),
-    # A100 SXM 80GB: 312 bf16, 19.5 fp32; 2.0 TB/s; NVLink 3 300 GB/s per direction; 200 Gb/s HDR.
-    "a100": _gpu("a100", 312 * TFLOPS, 19.5 * TFLOPS, 312 * TFLOPS, 2.04e12, 80 * GIB, 300 * GB, 25 * GB),
+    # InfiniBand and PCIe as h100.
+    "h200": _gpu(
+        "h200", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 4.8e12, 141 * GB, 450 * GB, 50 * GB, 50 * GB
+    ),
+    # A100 SXM 80GB: 312 bf16, 19.5 fp32; 2.0 TB/s; NVLink 3 300 GB/s per direction; 200 Gb/s HDR;
+    # PCIe 4.0 x16 (~25 GB/s achieved).
+    "a100": _gpu(
+        "a100", 312 * TFLOPS, 19.5 * TFLOPS, 312 * TFLOPS, 2.04e12, 80 * GIB, 300 * GB, 25 * GB, 25 * GB
+    ),
     # B200: 2250 bf16 dense, 80 fp32, 4500 fp8; 8 TB/s HBM3e; NVLink 5 900 GB/s per direction;
-    # 800 Gb/s per GPU.
-    "b200": _gpu("b200", 2250 * TFLOPS, 80 * TFLOPS, 4500 * TFLOPS, 8.0e12, 180 * GIB, 900 * GB, 100 * GB),
+    # 800 Gb/s per GPU; PCIe 6.0 x16 (~100 GB/s).
+    "b200": _gpu(
+        "b200", 2250 * TFLOPS, 80 * TFLOPS, 4500 * TFLOPS, 8.0e12, 180 * GIB, 900 * GB, 100 * GB, 100 * GB
+    ),
     # A CPU host running gloo over loopback, like this development machine.
     "cpu": Hardware(
         name="cpu",
@@ -112,6 +133,7 @@ PRESETS: dict[str, Hardware] = {
         inter_node=Link(bandwidth=1 * GB, latency=60e-6),
         launch_s=2e-6,
         collective_launch_s=50e-6,
+        host_to_device=10 * GB,
     ),
 }
 

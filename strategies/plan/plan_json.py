@@ -1,9 +1,13 @@
 """The plan: what the solver chose, in DESIGN.md's plan JSON (version 1), and what it predicts.
 
 ``predicted`` re-derives every figure from the chosen strategies (not from the solver's objective):
-``compute_s`` sums the chosen ops' compute, ``comm_s`` the chosen edges' redistribution time (after the
-overlap discount), ``comm_bytes`` the bytes each device sends or receives on those edges (per the steps
-DTensor takes), ``peak_memory_bytes`` the largest per-device total of live tensors over the step.
+``compute_s`` sums the chosen ops' compute, ``load_s`` the inputs' host-to-device loads, ``comm_s`` the chosen
+edges' redistribution time (after the overlap discount), ``comm_bytes`` the bytes each device sends or
+receives on those edges (per the steps DTensor takes), ``peak_memory_bytes`` the largest per-device total of
+live tensors over the step. A value that all its readers read in one same other placement, no larger than
+its own (the partial output that the loss and its backward both read replicated), is moved once and the copy
+replaces it, as the runtime does: the objective, which prices each edge on its own, counts such a move once
+per reader, so ``step_time_s`` is at most the solver's objective, and equal to it when no such move repeats.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 
 from solver.evaluate import usage_profile
 from solver.solve import SolveResult
-from strategies.cost.comm import redistribute_steps
+from strategies.cost.comm import local_numel, redistribute_steps
 from strategies.placement import NONE, spec_text
 from strategies.problem.builder import COST_UNIT_S, BuiltProblem
 
@@ -90,14 +94,24 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
     """Step time, compute, communication (seconds and bytes) of an assignment."""
     problem = built.problem
     node_weight, edge_weight = built.node_weights(), built.edge_weights()
-    compute = float(sum(node_weight[i] * node.compute_s[chosen[i]] for i, node in enumerate(built.nodes)))
+    by_kind = {"op": 0.0, "input": 0.0}
+    for i, node in enumerate(built.nodes):
+        if node.kind in by_kind:
+            by_kind[node.kind] += float(node_weight[i] * node.compute_s[chosen[i]])
+    compute, load = by_kind["op"], by_kind["input"]
     comm = 0.0
     comm_bytes = 0.0
     collectives: dict[str, float] = {}
+    once = _moved_once(built, chosen)
+    counted: set[tuple[int, int]] = set()
     for e, edge in enumerate(built.edges):
         seconds = float(problem.edge_matrix(e)[chosen[edge.producer], chosen[edge.consumer]]) * COST_UNIT_S
         if seconds <= 0:
             continue
+        value = (edge.producer, edge.output)
+        if value in once and value in counted:  # moved once, for its first reader
+            continue
+        counted.add(value)
         comm += seconds
         producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
         meta = producer.outputs[edge.output]
@@ -108,12 +122,32 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
                 comm_bytes += step.nbytes * edge_weight[e]
                 collectives[step.collective] = collectives.get(step.collective, 0) + edge_weight[e]
     return {
-        "step_time_s": compute + comm,
+        "step_time_s": compute + load + comm,
         "compute_s": compute,
+        "load_s": load,
         "comm_s": comm,
         "comm_bytes": int(comm_bytes),
         "collectives": {name: round(count) for name, count in collectives.items()},
     }
+
+
+def _moved_once(built: BuiltProblem, chosen: np.ndarray) -> set[tuple[int, int]]:
+    """(producer, output) values every reader reads in one same other placement whose largest local piece is
+    no larger than the value's own: the runtime moves such a value once and the copy replaces it."""
+    wanted: dict[tuple[int, int], set[tuple[int, ...]]] = {}
+    for edge in built.edges:
+        spec = built.nodes[edge.consumer].input_specs[chosen[edge.consumer], edge.argument]
+        wanted.setdefault((edge.producer, edge.output), set()).add(tuple(int(c) for c in spec))
+    once = set()
+    for (producer, output), specs in wanted.items():
+        node = built.nodes[producer]
+        src = node.output_specs[chosen[producer], output]
+        if len(specs) != 1 or (dst := next(iter(specs))) == tuple(int(c) for c in src):
+            continue
+        shape, mesh_shape = node.outputs[output].shape, built.mesh.shape
+        if local_numel(shape, dst, mesh_shape) <= local_numel(shape, tuple(int(c) for c in src), mesh_shape):
+            once.add((producer, output))
+    return once
 
 
 def _text(spec: np.ndarray) -> list[str] | None:

@@ -4,12 +4,16 @@ Problem nodes (each with its strategy list, cost and memory per strategy):
 
 - one per op node of the joint graph: its :class:`~strategies.ops.generate.OpStrategies`; cost ``compute_s``;
   memory: its outputs' local bytes, alive from the node to its last consumer (time = execution position);
+  a view op's output shares its input's storage, so it counts from the next op on; a gradient is alive as the
+  op's output only until its last use inside the step (its sink holds it from the next op on);
 - one per parameter: every placement of the tensor (``R`` or ``S(d)`` per axis, no ``P``); it holds the
   parameter and its optimizer state (Adam: two fp32 moments, sharded like the parameter) for the whole step;
 - one *gradient sink* per parameter, grouped with it (same strategy index, so the gradient ends in the
   parameter's placement): its one incoming edge is the gradient's reduction (DDP's all-reduce, FSDP's
   reduce-scatter); it holds the gradient from its production to the end of the step;
-- one per input and buffer placeholder: every placement; inputs are alive until their last use;
+- one per input and buffer placeholder: every placement; inputs are alive until their last use, and loading
+  one costs its local bytes over the host-to-device link (``hardware.host_to_device``), so the plan names the
+  placement a data loader should deliver (``S(0)`` on a data-parallel axis rather than ``R``);
 - a loss sink with the single placement all-``R``: every rank needs the loss value.
 
 Repeated transformer layers share decisions (:mod:`strategies.problem.layer_sharing`) when ``module_path`` is
@@ -174,6 +178,11 @@ def placeholder_node(
     )
 
 
+def input_load_s(node: ProblemNode, mesh: Mesh) -> np.ndarray:
+    """Seconds each rank spends loading its part of an input from the host, per placement."""
+    return node.memory_bytes / mesh.hardware.host_to_device
+
+
 def build_problem(
     gm: torch.fx.GraphModule,
     mesh: Mesh,
@@ -207,8 +216,12 @@ def build_problem(
     order = [n for n in gm.graph.nodes if n.op == "call_function"]
     position = {n: i + 1 for i, n in enumerate(order)}
     end = len(order) + 2
+    handed_on = set(gradients.values())  # the gradient sinks hold these from their production on
     last_use = {
-        n: max((position.get(u, end - 1) for u in n.users), default=position.get(n, 0))
+        n: max(
+            (position.get(u, end - 1) for u in n.users if u in position or n not in handed_on),
+            default=position.get(n, 0),
+        )
         for n in gm.graph.nodes
     }
     index_of: dict[torch.fx.Node, int] = {}
@@ -225,6 +238,8 @@ def build_problem(
         meta = TensorMeta.of(node.meta["val"])
         extra = optimizer_state_bytes if kind == "parameter" else 0
         pn = placeholder_node(name if kind != "input" else node.name, kind, meta, mesh, extra)
+        if kind == "input":
+            pn.compute_s = input_load_s(pn, mesh)
         alive = (0, end) if kind in ("parameter", "buffer") else (0, last_use[node] + 1)
         index_of[node] = b.add_node(pn, *alive)
         if kind == "parameter":
@@ -252,7 +267,8 @@ def build_problem(
             call=call,
             rules=strategies.source,
         )
-        index_of[node] = b.add_node(pn, position[node], _alive_until(node, last_use) + 1)
+        born = position[node] + (1 if _is_view(node) else 0)
+        index_of[node] = b.add_node(pn, born, _alive_until(node, last_use) + 1)
     strategies_s = time.perf_counter() - strategies_s
 
     edges_s = time.perf_counter()
@@ -277,7 +293,7 @@ def build_problem(
         param_index = parameter_nodes[name]
         meta = b.nodes[param_index].outputs[0]
         sink = placeholder_node(f"{name}.grad", "gradient", meta, mesh)
-        start = position.get(source[0], 0)
+        start = position.get(source[0], 0) + 1  # the op's own output holds it at its production
         gradient_nodes[name] = b.add_node(sink, start, end)
         b.add_edge(index_of[source[0]], source[1], gradient_nodes[name], 0, "gradient")
         b.groups.append((param_index, gradient_nodes[name]))
@@ -410,6 +426,16 @@ def _spec_index(node: ProblemNode, spec: Spec, field_name: str) -> int:
             f"{field_name}: placement {spec_text(spec)} is not possible for shape {node.outputs[0]}"
         )
     return int(matches[0])
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """Whether the op returns a view of an input (``t``, ``view``, ``transpose``, ``expand``, ...): its output
+    shares the input's storage, so it holds new memory only from the next op on (where it carries the storage
+    on for the input, whose own life ends at this op unless others read it later)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return False
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
 
 
 def _alive_until(node: torch.fx.Node, last_use: dict) -> int:

@@ -30,10 +30,10 @@ def test_large_weights_and_a_small_batch_are_planned_megatron_style() -> None:
     params = plan["parameters"]
     assert params["w1.weight"] == ["S(0)"] and params["w1.bias"] == ["S(0)"]  # column parallel
     assert params["w2.weight"] == ["S(1)"]  # row parallel
-    # Only all-reduces of the partial output: one for the loss in the forward, one more where the loss's
-    # backward reads the same partial output again (DTensor redistributes per consumer).
-    assert set(plan["predicted"]["collectives"]) == {"all_reduce"}
-    assert plan["predicted"]["collectives"]["all_reduce"] == 2
+    # One all-reduce of the partial output, which the loss and the loss's backward both read replicated: the
+    # objective prices it once per consumer, the prediction (and the runtime) move it once.
+    assert plan["predicted"]["collectives"] == {"all_reduce": 1}
+    assert plan["predicted"]["step_time_s"] < plan["solver"]["objective"]
 
 
 def test_tiny_weights_and_a_big_batch_are_planned_data_parallel() -> None:
@@ -42,6 +42,17 @@ def test_tiny_weights_and_a_big_batch_are_planned_data_parallel() -> None:
     assert _first_matmul(plan)["inputs"][1] == ["S(0)"]  # the batch is sharded
     # Gradients all-reduced: one per parameter, plus the scalar loss.
     assert plan["predicted"]["collectives"] == {"all_reduce": len(plan["parameters"]) + 1}
+    # Each rank loads only its quarter of the batch: the plan names the placement a data loader delivers.
+    assert plan["inputs"] == [["S(0)"], ["S(0)"]]
+
+
+def test_an_input_costs_its_local_bytes_over_the_host_link() -> None:
+    from strategies.cost.hardware import PRESETS
+
+    plan = _plan(batch=65536)
+    d = 1024  # the mlp's default width: x and the target are both [batch, d] in bf16
+    local_bytes = 2 * (65536 // 4) * d * 2
+    assert plan["predicted"]["load_s"] == pytest.approx(local_bytes / PRESETS["h100"].host_to_device)
 
 
 def test_a_budget_below_the_replicated_footprint_shards_the_parameters() -> None:
@@ -90,10 +101,12 @@ def test_the_plan_json_has_the_documented_fields(tmp_path) -> None:
     for key in ("version", "mesh", "parameters", "inputs", "nodes", "predicted", "solver"):
         assert key in plan
     assert plan["version"] == 1 and plan["mesh"]["shape"] == [4]
-    for key in ("step_time_s", "compute_s", "comm_s", "comm_bytes", "peak_memory_bytes"):
+    for key in ("step_time_s", "compute_s", "load_s", "comm_s", "comm_bytes", "peak_memory_bytes"):
         assert key in plan["predicted"]
-    assert plan["predicted"]["step_time_s"] == pytest.approx(
-        plan["predicted"]["compute_s"] + plan["predicted"]["comm_s"]
+    predicted = plan["predicted"]
+    assert predicted["load_s"] > 0
+    assert predicted["step_time_s"] == pytest.approx(
+        predicted["compute_s"] + predicted["load_s"] + predicted["comm_s"]
     )
     assert plan["predicted"]["step_time_s"] == pytest.approx(plan["solver"]["objective"])
     for key in ("backend", "status", "objective", "bound", "gap", "seconds", "variables", "constraints"):
