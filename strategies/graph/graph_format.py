@@ -167,7 +167,7 @@ class ValueReader:
         if value is None or isinstance(value, bool):
             return value
         if isinstance(value, int):
-            if abs(value) > MAX_INT:
+            if not -MAX_INT - 1 <= value <= MAX_INT:
                 raise GraphFormatError(where, f"integer {value} does not fit in int64")
             return value
         if isinstance(value, float):

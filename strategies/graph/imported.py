@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import operator
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -258,12 +259,12 @@ class _Reader:
         inputs = [
             self._placeholder(n, f"inputs[{i}]") for i, n in enumerate(expect(doc["inputs"], list, "inputs"))
         ]
-        roled = [*parameters.values(), *buffers.values(), *inputs]
-        for node in self.graph.nodes:
-            if node.op == "placeholder" and roled.count(node) != 1:
+        roles = Counter([*parameters.values(), *buffers.values(), *inputs])
+        for i, node in enumerate(self.nodes.values()):
+            if node.op == "placeholder" and roles[node] != 1:
+                had = "has no role" if roles[node] == 0 else f"has {roles[node]} roles"
                 raise GraphFormatError(
-                    "parameters",
-                    f"placeholder {node.name!r} must have exactly one role (parameter, buffer or input)",
+                    f"nodes[{i}]", f"placeholder {node.name!r} {had}: one of parameter, buffer or input"
                 )
         loss = self._resolve(expect(doc["loss"], str, "loss"), "loss")
         val = loss.meta["val"]
