@@ -199,6 +199,7 @@ class _Reader:
             target = resolve_op(check_string(op_text, f"{where}.op", self.limits), f"{where}.op")
             args = tuple(self.args.read(expect(record["args"], list, f"{where}.args"), f"{where}.args"))
             kwargs = self._kwargs(expect(record["kwargs"], dict, f"{where}.kwargs"), f"{where}.kwargs")
+            _check_devices(target, args, kwargs, where)
             node = self.graph.create_node("call_function", target, args, kwargs, name=name)
             if "module" in record:
                 self.module_path[name] = self._qualified(record["module"], f"{where}.module", empty=True)
@@ -366,6 +367,25 @@ class _Reader:
         if not (QUALIFIED_NAME.match(name) or (empty and name == "")):
             raise GraphFormatError(where, f"{name[:80]!r} is not a dotted name")
         return name
+
+
+def _check_devices(op: Any, args: tuple, kwargs: dict[str, Any], where: str) -> None:
+    """A device argument must be a tagged device (``cpu`` or ``meta``): ATen would take a string too
+    (``"cuda"``), and fake CUDA tensors abort some CPU kernels."""
+    if op is operator.getitem:
+        return
+    schema = {argument.name: argument for argument in op._schema.arguments}
+    positional = zip(op._schema.arguments, args, strict=False)  # surplus arguments: the op refuses them
+    named = [(f"{where}.args[{i}]", a.name, v) for i, (a, v) in enumerate(positional)]
+    named += [(f"{where}.kwargs.{key}", key, value) for key, value in kwargs.items()]
+    for field, name, value in named:
+        argument = schema.get(name)
+        if (
+            argument is not None
+            and "Device" in str(argument.type)
+            and not isinstance(value, (torch.device, type(None)))
+        ):
+            raise GraphFormatError(field, 'a device argument is written {"device": "cpu"} (cpu or meta)')
 
 
 def _fresh(value: Any) -> Any:

@@ -171,10 +171,12 @@ def _resolved(document: dict[str, Any], path: str) -> str:
     return path
 
 
-def _append_node(node: dict[str, Any]) -> Callable[[dict[str, Any]], str]:
+def _append_node(node: dict[str, Any], field: str = "args[1]") -> Callable[[dict[str, Any]], str]:
+    """A breakage: a node appended to the document; the error names ``field`` of it."""
+
     def breaks(document: dict[str, Any]) -> str:
         document["nodes"].append(node)
-        return f"nodes[{len(document['nodes']) - 1}].args[1]"
+        return f"nodes[{len(document['nodes']) - 1}].{field}"
 
     return breaks
 
@@ -237,6 +239,9 @@ REJECTIONS: list[tuple[str, Callable[[dict[str, Any]], str], str]] = [
     ("bare infinity", _set("nodes[aten.mse_loss.default].args[2]", math.inf), 'written {"float": "inf"}'),
     ("cuda device", _set("nodes[aten.mse_loss.default].args[2]", {"device": "cuda"},
                          "nodes[aten.mse_loss.default].args[2].device"), "unknown device"),
+    ("device as a string", _append_node(
+        {"name": "ones", "op": "aten.ones.default", "args": [[2]], "kwargs": {"device": "cuda"}, "val": None}
+    , "kwargs.device"), 'written {"device": "cpu"}'),
     ("tensor as argument", _set("nodes[aten.mse_loss.default].args[2]", {"tensor": {}}),
      "unknown tag 'tensor'"),
     ("node as output", _set("nodes[aten.t.default].val", {"node": "arg0_1"}), "unknown tag 'node'"),
