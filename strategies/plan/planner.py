@@ -37,7 +37,8 @@ class PlanRequest:
     """What to plan; every field is kept in the plan so it can be explained and reproduced."""
 
     model: str
-    """A built-in model name (``mlp``, ``gpt2-small``, ``llama3-8b``, …) or ``path/file.py:factory``."""
+    """A built-in model name (``mlp``, ``gpt2-small``, ``llama3-8b``, …) or ``path/file.py:factory``;
+    ``""`` when ``graph`` is given."""
     mesh: str
     """Mesh shape, e.g. ``2x4``."""
     axis_names: str | None = None

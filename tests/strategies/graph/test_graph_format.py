@@ -257,6 +257,7 @@ REJECTIONS: list[tuple[str, Callable[[dict[str, Any]], str], str]] = [
     ("unknown top-level field", _set("code", "print(1)"), "unknown field"),
     ("duplicate name", _set("nodes[aten.t.default].name", "arg0_1"), "duplicate node name"),
     ("not an identifier", _set("nodes[aten.t.default].name", "t; rm"), "not an identifier"),
+    ("a keyword as name", _set("nodes[aten.t.default].name", "class"), "not usable as a node name"),
     ("loss not scalar", _set("loss", "arg0_1"), "not a floating scalar"),
     ("gradient of another shape", _set_role("gradients", "w1.bias", "arg0_1"),
      "not a tensor of arg0_2's shape"),
