@@ -162,9 +162,16 @@ class _Reader:
             module_path=self.module_path,
             **roles,
         )
-        return ImportedGraph(
-            graph, self._layers(), check_string(str(self.doc.get("model", "")), "model", self.limits)
-        )
+        self._producer()
+        model = check_string(expect(self.doc.get("model", ""), str, "model"), "model", self.limits)
+        return ImportedGraph(graph, self._layers(), model)
+
+    def _producer(self) -> None:
+        """``producer`` is informative (versions of what wrote the document): short strings only."""
+        producer = expect(self.doc.get("producer", {}), dict, "producer")
+        check_items(producer, "producer", self.limits)
+        for key, value in producer.items():
+            check_string(expect(value, str, f"producer.{key[:40]}"), f"producer.{key[:40]}", self.limits)
 
     # ------------------------------------------------------------------------------------------ nodes
 
