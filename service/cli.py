@@ -128,11 +128,16 @@ def strategies_command(
 
 @app.command("plan")
 def plan_command(
-    model: Annotated[
-        str, typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory")
-    ],
     mesh: Annotated[str, typer.Option(help="mesh shape, e.g. 2x4")],
     out: Annotated[Path, typer.Option(help="write the plan JSON here")],
+    model: Annotated[
+        str | None,
+        typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory"),
+    ] = None,
+    graph: Annotated[
+        Path | None,
+        typer.Option(help="plan a graph written by `autoshard export-graph` instead of a model"),
+    ] = None,
     axis_names: Annotated[str | None, typer.Option("--axis-names", help="e.g. dp,tp")] = None,
     memory_gib: Annotated[float | None, typer.Option("--memory-gib", help="per-device budget, GiB")] = None,
     hardware: Annotated[str, typer.Option(help="h100, h200, a100, b200, cpu or a .json/.yaml file")] = "h100",
@@ -171,8 +176,11 @@ def plan_command(
     from solver.errors import InfeasibleError
     from strategies.plan.planner import PlanRequest, plan_model
 
+    if (model is None) == (graph is None):
+        _fail("--model / --graph: give exactly one of them", EXIT_BAD_INPUT)
     request = PlanRequest(
-        model=model,
+        model=model or "",
+        graph=None if graph is None else _read_graph(graph),
         mesh=mesh,
         axis_names=axis_names,
         hardware=hardware,
@@ -198,6 +206,65 @@ def plan_command(
     out.write_text(json.dumps(outcome.plan, indent=1) + "\n", encoding="utf-8")
     typer.echo(summary(outcome.plan))
     typer.echo(f"plan written to {out}")
+
+
+@app.command("export-graph")
+def export_graph_command(
+    model: Annotated[
+        str, typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="write the graph JSON here")],
+    batch: Annotated[int | None, typer.Option(help="global batch", min=1)] = None,
+    seq: Annotated[int | None, typer.Option(help="sequence length", min=1)] = None,
+    layers: Annotated[int | None, typer.Option(help="override the model's depth", min=1)] = None,
+    dtype: Annotated[str, typer.Option(help="parameter dtype")] = "bfloat16",
+    captured_layers: Annotated[
+        int | None,
+        typer.Option(
+            "--captured-layers",
+            help="capture deep models with this many layers standing for all (0: every layer)",
+            min=0,
+        ),
+    ] = 4,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
+) -> None:
+    """Write a model's captured training step as a graph document (docs/graph-format.md, version 1).
+
+    `autoshard plan --graph FILE` and the service plan from it without the model's code, exactly as from
+    the model with the same shape options. Exit 0, 2 for bad input.
+    """
+    from strategies.graph.export import graph_json
+    from strategies.plan.planner import PlanRequest, export_request_graph
+
+    request = PlanRequest(
+        model=model,
+        mesh="1",
+        batch=batch,
+        seq=seq,
+        layers=layers,
+        dtype=dtype,
+        captured_layers=captured_layers or None,
+    )
+    say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
+    try:
+        text = graph_json(export_request_graph(request, say))
+    except (ValueError, FileNotFoundError) as error:
+        _fail(str(error), EXIT_BAD_INPUT)
+    out.write_text(text + "\n", encoding="utf-8")
+    typer.echo(f"graph written to {out} ({len(text):,} bytes)")
+
+
+def _read_graph(path: Path) -> dict:
+    """A graph document from a file, refused (exit 2) when it breaks the format's bounds or is not JSON."""
+    from strategies.graph.graph_format import GraphFormatError
+    from strategies.graph.imported import read_graph
+
+    if not path.is_file():
+        _fail(f"--graph: no file {path}", EXIT_BAD_INPUT)
+    try:
+        return read_graph(path.read_bytes())
+    except GraphFormatError as error:
+        _fail(f"--graph {path}: {error}", EXIT_BAD_INPUT)
 
 
 @app.command("explain")

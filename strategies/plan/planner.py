@@ -37,7 +37,8 @@ class PlanRequest:
     """What to plan; every field is kept in the plan so it can be explained and reproduced."""
 
     model: str
-    """A built-in model name (``mlp``, ``gpt2-small``, ``llama3-8b``, …) or ``path/file.py:factory``."""
+    """A built-in model name (``mlp``, ``gpt2-small``, ``llama3-8b``, …) or ``path/file.py:factory``;
+    ``""`` when ``graph`` is given."""
     mesh: str
     """Mesh shape, e.g. ``2x4``."""
     axis_names: str | None = None
@@ -71,6 +72,10 @@ class PlanRequest:
     baseline: str | None = None
     """Plan a hand-written layout instead (``ddp``, ``fsdp``, ``megatron``, ``fsdp_tp``): its parameter and
     batch placements are pinned and the solver chooses the rest (:mod:`strategies.plan.baselines`)."""
+    graph: dict[str, Any] | None = None
+    """A graph document a launcher exported (``docs/graph-format.md``), planned instead of a model: no model
+    code is imported or run. ``model`` is then ``""`` and the shape fields (``batch``, ``seq``, ``layers``,
+    ``options``) are unset: the graph fixes them."""
 
 
 @dataclass
@@ -88,12 +93,15 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
     _check_baseline(request.baseline, mesh)
     started = time.perf_counter()
-    repeat = _layer_repeat(request)
-    try:
-        built = _capture_and_build(request, mesh, repeat, say, timings)
-    except RepeatMismatch as error:
-        say(f"{error}: capturing every layer")
-        built = _capture_and_build(request, mesh, None, say, timings)
+    if request.graph is not None:
+        built = _load_and_build(request, mesh, say, timings)
+    else:
+        repeat = _layer_repeat(request)
+        try:
+            built = _capture_and_build(request, mesh, repeat, say, timings)
+        except RepeatMismatch as error:
+            say(f"{error}: capturing every layer")
+            built = _capture_and_build(request, mesh, None, say, timings)
     problem = built.problem
     if request.baseline is not None:
         from strategies.plan.baselines import baseline_pins
@@ -112,9 +120,26 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
     except InfeasibleError as error:
         raise _budget_error(error, request, mesh) from error
     timings["solve"] = time.perf_counter() - phase
-    plan = make_plan(built, result, request=asdict(request))
+    plan = make_plan(built, result, request=request_record(request))
     plan["timings"] = {**timings, "total": time.perf_counter() - started}
     return PlanOutcome(plan, built, result, timings)
+
+
+def request_record(request: PlanRequest) -> dict[str, Any]:
+    """The request as the plan keeps it: a graph document by its label, size and digest, not whole."""
+    record = asdict(request)
+    if request.graph is not None:
+        from strategies.graph.export import graph_digest
+
+        graph = request.graph
+        record["graph"] = {
+            "format": graph.get("format"),
+            "version": graph.get("version"),
+            "model": graph.get("model", ""),
+            "nodes": len(graph.get("nodes", ())),
+            "sha256": graph_digest(graph),
+        }
+    return record
 
 
 def _check_baseline(name: str | None, mesh: Mesh) -> None:
@@ -202,6 +227,57 @@ def capture_request(
     return capture_for_planning(spec.module, spec.example_inputs, spec.loss_fn), spec
 
 
+def export_request_graph(request: PlanRequest, say: Progress | None = None) -> dict[str, Any]:
+    """The graph document (:mod:`strategies.graph.export`) of the request's model, captured exactly as
+    :func:`plan_model` captures it: a deep built-in model short (its layer repeat in the document), every
+    layer when its middle layers turn out not to be identical. Planning the document gives the same plan."""
+    from strategies.graph.export import graph_document
+    from strategies.problem.builder import tied_middle_layers
+
+    say = say or (lambda message: None)
+    if request.graph is not None:
+        raise ValueError("graph: the request already holds a graph; name a model to export")
+    repeat = _layer_repeat(request)
+    depth = f" ({repeat.captured} of its {repeat.total} layers)" if repeat is not None else ""
+    graph, _ = capture_request(request, repeat.captured if repeat else request.layers, say=say, depth=depth)
+    if repeat is not None and len(tied_middle_layers(graph.gm, graph.module_path)) != repeat.captured - 2:
+        say("the middle layers of the capture are not identical: capturing every layer")
+        repeat = None
+        graph, _ = capture_request(request, request.layers, say=say)
+    return graph_document(graph, repeat=repeat, model=request.model)
+
+
+def _load_and_build(
+    request: PlanRequest, mesh: Mesh, say: Progress, timings: dict[str, float]
+) -> BuiltProblem:
+    """Read the request's graph document (refused with a GraphFormatError naming the field), build the
+    problem; ``timings`` gets the seconds of the load and of the build."""
+    from strategies.graph.graph_format import GraphFormatError
+    from strategies.graph.imported import load_graph
+
+    for name in ("batch", "seq", "layers"):
+        if getattr(request, name) is not None:
+            raise ValueError(f"{name}: a graph fixes its own shapes; leave {name} unset")
+    if request.options:
+        raise ValueError("options: a graph fixes its own configuration; leave options unset")
+    if request.model:
+        raise ValueError("model: give a model or a graph, not both")
+    started = time.perf_counter()
+    say("reading the graph document")
+    imported = load_graph(request.graph)
+    repeat = imported.repeat
+    if repeat is not None and not request.share_layers:
+        raise ValueError(
+            f"share_layers: the graph holds {repeat.captured} of {repeat.total} layers, which stand for the "
+            "stack only when layers are shared"
+        )
+    timings["load"] = time.perf_counter() - started
+    try:
+        return _build(imported.graph, request, mesh, repeat, say, timings)
+    except RepeatMismatch as error:
+        raise GraphFormatError("layers", f"{error}; export every layer") from None
+
+
 def _capture_and_build(
     request: PlanRequest,
     mesh: Mesh,
@@ -215,6 +291,19 @@ def _capture_and_build(
     depth = f" ({repeat.captured} of its {repeat.total} layers)" if repeat is not None else ""
     layers = repeat.captured if repeat is not None else request.layers
     graph, _ = capture_request(request, layers, say=say, depth=depth)
+    timings["capture"] = time.perf_counter() - started
+    return _build(graph, request, mesh, repeat, say, timings)
+
+
+def _build(
+    graph: JointGraph,
+    request: PlanRequest,
+    mesh: Mesh,
+    repeat: LayerRepeat | None,
+    say: Progress,
+    timings: dict[str, float],
+) -> BuiltProblem:
+    """The problem of a captured (or loaded) step under the request's budget, pins and options."""
     phase = time.perf_counter()
     limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
     say(f"building the problem on {mesh}")
@@ -243,6 +332,5 @@ def _capture_and_build(
         if repeat is not None and str(error).startswith("layer repeat"):
             raise RepeatMismatch(str(error)) from error
         raise
-    timings["capture"] = phase - started
     timings["build"] = time.perf_counter() - phase
     return built

@@ -394,6 +394,14 @@ def _repeat(
     return node_weight, edge_weight
 
 
+def tied_middle_layers(gm: torch.fx.GraphModule, module_path: Mapping[str, str]) -> list[int]:
+    """The middle layers of a captured step that the problem ties (identical op sequences, see
+    :mod:`strategies.problem.layer_sharing`): a layer repeat needs all but the first and last tied."""
+    order = [n for n in gm.graph.nodes if n.op == "call_function"]
+    ops = [(n.name, _signature(n), 0) for n in order if n.target is not operator.getitem]
+    return tied_layers(ops, _inherit_layer_paths(order, module_path))
+
+
 def _inherit_layer_paths(order: list[torch.fx.Node], module_path: Mapping[str, str]) -> dict[str, str]:
     """Module paths where nodes without a layer (gradient accumulation adds, casts autograd inserts)
     take the path of their first argument that has one of its own (else one it inherited), so they are
@@ -497,4 +505,4 @@ def _op_call(node: torch.fx.Node) -> tuple[tuple, dict]:
     return meta(node.args), meta(node.kwargs)
 
 
-__all__ = ["COST_UNIT_S", "BuiltProblem", "build_problem", "tensor_placements"]
+__all__ = ["COST_UNIT_S", "BuiltProblem", "build_problem", "tensor_placements", "tied_middle_layers"]
