@@ -69,7 +69,8 @@ def _time_lines(predicted: dict[str, Any]) -> list[str]:
     step = predicted["step_time_s"]
     lines = [
         f"predicted step time {_ms(step)}: compute {_ms(predicted['compute_s'])}, "
-        f"input loading {_ms(predicted.get('load_s', 0.0))}, communication {_ms(predicted['comm_s'])} ({bytes_text(predicted['comm_bytes'])} per device)"
+        f"input loading {_ms(predicted.get('load_s', 0.0))}, communication {_ms(predicted['comm_s'])} "
+        f"({bytes_text(predicted['comm_bytes'])} per device)"
     ]
     collectives = predicted.get("collectives") or {}
     if collectives:
