@@ -1,0 +1,73 @@
+"""The worker process: runs one job at a time for its replica, sends progress and the result back.
+
+Messages to the worker: ``("run", kind, request)``. From it: ``("ready",)`` once the solver is loaded,
+``("progress", record)``, ``("done", document, seconds)`` or ``("failed", {"type", "message"})``.
+A worker whose parent died exits by itself (a replica killed mid-job leaves no orphan solving on).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+PARENT_CHECK_S = 0.5
+PROGRESS_EVERY_S = 0.25
+
+
+def worker_main(connection: Connection) -> None:
+    """The worker's loop (the target of its process)."""
+    _exit_with_parent(os.getppid())
+    from service import planning  # the heavy imports (torch, solver) once, before saying ready
+
+    planning.validate_solve({"problem": {"nodes": {"costs": [[0]]}}})
+    connection.send(("ready",))
+    while True:
+        try:
+            message = connection.recv()
+        except EOFError:
+            return
+        _, kind, request = message
+        connection.send(_run(planning, kind, request, _throttled(connection)))
+
+
+def _run(planning: Any, kind: str, request: dict[str, Any], report: Any) -> tuple:
+    from solver.errors import InfeasibleError
+
+    started = time.perf_counter()
+    try:
+        run = planning.run_plan_job if kind == "plan" else planning.run_solve_job
+        document = run(request, report)
+    except planning.BadRequest as error:
+        return ("failed", {"type": "bad_request", "message": str(error)})
+    except InfeasibleError as error:
+        return ("failed", {"type": "infeasible", "message": str(error)})
+    except Exception as error:  # the job fails, the worker lives on
+        first_line = (str(error).splitlines() or [""])[0]
+        return ("failed", {"type": "error", "message": f"{type(error).__name__}: {first_line}"})
+    return ("done", document, time.perf_counter() - started)
+
+
+def _throttled(connection: Connection) -> Any:
+    """A progress callback sending at most one record per PROGRESS_EVERY_S (and every phase change)."""
+    last = {"at": 0.0, "phase": None}
+
+    def report(record: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if record["phase"] != last["phase"] or now - last["at"] >= PROGRESS_EVERY_S:
+            last["at"], last["phase"] = now, record["phase"]
+            connection.send(("progress", record))
+
+    return report
+
+
+def _exit_with_parent(parent: int) -> None:
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(PARENT_CHECK_S)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
