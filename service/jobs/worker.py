@@ -8,6 +8,7 @@ A worker whose parent died exits by itself (a replica killed mid-job leaves no o
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -18,7 +19,8 @@ PROGRESS_EVERY_S = 0.25
 
 
 def worker_main(connection: Connection) -> None:
-    """The worker's loop (the target of its process)."""
+    """The worker's loop (the target of its process). Ctrl-C is its replica's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(os.getppid())
     from service import planning  # the heavy imports (torch, solver) once, before saying ready
 

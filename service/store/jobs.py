@@ -114,6 +114,7 @@ def _take(session: Session, job_id: str, owner: str, now: float, lease_s: float)
         .values(
             state=RUNNING,
             lease_owner=owner,
+            claimed_by=owner,
             lease_expires_at=now + lease_s,
             started_at=now,
             attempts=Job.attempts + 1,

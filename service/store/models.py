@@ -38,6 +38,8 @@ class Job(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    """The worker that claimed it last (kept after it finished)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     """How many times a worker claimed it (more than one only after a replica died mid-job)."""
 

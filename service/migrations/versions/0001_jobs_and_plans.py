@@ -30,6 +30,7 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.Float(), nullable=True),
         sa.Column("lease_owner", sa.String(128), nullable=True),
         sa.Column("lease_expires_at", sa.Float(), nullable=True),
+        sa.Column("claimed_by", sa.String(128), nullable=True),
         sa.Column("attempts", sa.Integer(), nullable=False),
     )
     op.create_index("ix_jobs_problem_hash", "jobs", ["problem_hash"])
