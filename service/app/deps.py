@@ -27,7 +27,9 @@ def get_metrics(request: Request) -> Metrics:
 
 
 def get_session(store: Annotated[Store, Depends(get_store)]) -> Iterator[Session]:
-    with store.session() as session:
+    """A session for one request; routes that write commit before they answer (the exit of this
+    dependency may run after the answer is sent)."""
+    with store.new_session() as session:
         yield session
 
 

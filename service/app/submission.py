@@ -52,5 +52,6 @@ def submit(
                 headers={"Retry-After": str(settings.retry_after_s)},
             )
         job = job_store.create_job(session, kind, key, document, time_limit_s)
+        session.commit()
     body = job_out(job).model_dump(mode="json")
     return JSONResponse(body, status_code=status.HTTP_202_ACCEPTED, headers={"Location": job_location(job)})

@@ -217,6 +217,17 @@ class JobRunner:
     def ready_workers(self) -> int:
         return sum(slot.ready for slot in self.slots)
 
+    def worker_states(self) -> list[dict[str, object]]:
+        """Per slot: its worker process id (None before the first start) and whether it is ready."""
+        return [
+            {
+                "slot": slot.owner,
+                "pid": None if slot.worker is None else slot.worker.process.pid,
+                "ready": slot.ready,
+            }
+            for slot in self.slots
+        ]
+
     def _reap(self) -> None:
         while not self.stop.is_set():
             try:

@@ -46,5 +46,9 @@ class Store:
         with self._sessions() as session, session.begin():
             yield session
 
+    def new_session(self) -> Session:
+        """A plain session: the caller commits."""
+        return self._sessions()
+
     def dispose(self) -> None:
         self.engine.dispose()

@@ -36,6 +36,7 @@ def readyz(request: Request, store: StoreDep, settings: SettingsDep) -> JSONResp
         "status": "ready" if not problems else "not ready",
         "problems": problems,
         "workers_ready": runner.ready_workers,
+        "worker_processes": runner.worker_states(),
         "workers": settings.workers,
     }
     return JSONResponse(body, status_code=200 if not problems else 503)

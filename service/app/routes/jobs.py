@@ -63,4 +63,5 @@ def cancel_job(job_id: JobId, session: SessionDep) -> JobOut:
     job = job_store.cancel_job(session, job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    session.commit()
     return job_out(job)
