@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from service.app.settings import READ, SUBMIT, Settings
 from service.jobs.metrics import Metrics
+from service.store.plan_cache import PlanCache
 from service.store.session import Store
 
 
@@ -26,6 +27,10 @@ def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
+def get_plan_cache(request: Request) -> PlanCache:
+    return request.app.state.plan_cache
+
+
 def get_session(store: Annotated[Store, Depends(get_store)]) -> Iterator[Session]:
     """A session for one request; routes that write commit before they answer (the exit of this
     dependency may run after the answer is sent)."""
@@ -37,6 +42,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 SessionDep = Annotated[Session, Depends(get_session)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+PlanCacheDep = Annotated[PlanCache, Depends(get_plan_cache)]
 
 _bearer = HTTPBearer(auto_error=False, description="a token from AUTOSHARD_TOKENS (when auth is on)")
 

@@ -20,6 +20,7 @@ from service.jobs.metrics import Metrics
 from service.jobs.runner import JobRunner
 from service.store import jobs as job_store
 from service.store.migrate import upgrade_to_head
+from service.store.plan_cache import PlanCache
 from service.store.session import Store
 
 log = logging.getLogger("autoshard.api")
@@ -56,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.plan_cache = PlanCache(settings.plan_cache_bytes)
     _explain_pool(app)
     for router in (plans.router, jobs.router, solve.router, models.router, hardware.router, health.router):
         app.include_router(router)

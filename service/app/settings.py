@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     """Largest request body; larger ones get 413."""
     max_graph_bytes: int = Field(4 * 2**20, ge=1024)
     """Largest launcher graph (its JSON), bytes."""
+    plan_cache_bytes: int = Field(256 * 2**20, ge=0)
+    """Stored plans kept in memory for cache hits (a plan never changes once stored), bytes."""
     tokens: dict[str, list[str]] = Field(default_factory=dict)
     """Bearer token -> rights (``read``, ``submit``); empty: no authentication. JSON in the environment."""
     cors_origins: list[str] = Field(default_factory=list)

@@ -22,9 +22,9 @@ def worker_main(connection: Connection) -> None:
     """The worker's loop (the target of its process). Ctrl-C is its replica's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent(os.getppid())
-    from service import planning  # the heavy imports (torch, solver) once, before saying ready
+    from service import planning
 
-    planning.validate_solve({"problem": {"nodes": {"costs": [[0]]}}})
+    _warm_up(planning)
     connection.send(("ready",))
     while True:
         try:
@@ -33,6 +33,17 @@ def worker_main(connection: Connection) -> None:
             return
         _, kind, request = message
         connection.send(_run(planning, kind, request, _throttled(connection)))
+
+
+def _warm_up(planning: Any) -> None:
+    """Plan a tiny model once before saying ready: the first plan of a process pays ~3 s of imports and
+    first-call costs (a small plan after it takes ~0.1 s), and a worker that can plan is one that is ready."""
+    from service.app.schemas import PlanSubmission
+
+    tiny = PlanSubmission.model_validate(
+        {"model": "mlp", "options": {"d": 8, "h": 8}, "batch": 2, "mesh": {"shape": [2]}}
+    )
+    planning.run_plan_job(planning.canonical_plan_request(tiny))
 
 
 def _run(planning: Any, kind: str, request: dict[str, Any], report: Any) -> tuple:

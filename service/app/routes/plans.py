@@ -9,11 +9,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from service import planning
-from service.app.deps import CanRead, CanSubmit, MetricsDep, SessionDep, SettingsDep, StoreDep
+from service.app.deps import CanRead, CanSubmit, MetricsDep, PlanCacheDep, SettingsDep, StoreDep
 from service.app.schemas import JobOut, PlanSubmission
-from service.app.submission import stored_result, submit
+from service.app.submission import cached_result, stored_result, submit
 from service.planning import BadRequest
 from service.store import plans as plan_store
 
@@ -35,8 +36,8 @@ EXPLAIN_TIMEOUT_S = 120.0
         429: {"description": "the queue is full; see Retry-After"},
     },
 )
-def submit_plan(
-    body: PlanSubmission, session: SessionDep, settings: SettingsDep, metrics: MetricsDep
+async def submit_plan(
+    body: PlanSubmission, store: StoreDep, cache: PlanCacheDep, settings: SettingsDep, metrics: MetricsDep
 ) -> Response:
     """Plan a model on a mesh. The answer is the plan itself when this problem was solved before, else a
     job to poll at ``Location``."""
@@ -47,13 +48,15 @@ def submit_plan(
         planning.validate_plan(request, settings.max_graph_bytes, settings.max_time_limit_s)
         return request
 
-    return submit(session, settings, metrics, "plan", key, validated, body.solver.time_limit_s)
+    return await submit(store, cache, settings, metrics, "plan", key, validated, body.solver.time_limit_s)
 
 
 @router.get("/{problem_hash}", dependencies=[CanRead], responses={404: {"description": "no such plan"}})
-def get_plan(problem_hash: ProblemHash, session: SessionDep) -> Response:
+async def get_plan(problem_hash: ProblemHash, store: StoreDep, cache: PlanCacheDep) -> Response:
     """A stored result by problem hash: a plan JSON (or the result of a bare solve)."""
-    stored = stored_result(session, problem_hash)
+    stored = cached_result(cache, problem_hash) or await run_in_threadpool(
+        stored_result, store, cache, problem_hash
+    )
     if stored is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no plan {problem_hash}")
     return stored

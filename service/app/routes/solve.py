@@ -6,9 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, status
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from service import planning
-from service.app.deps import CanSubmit, MetricsDep, SessionDep, SettingsDep
+from service.app.deps import CanSubmit, MetricsDep, PlanCacheDep, SettingsDep, StoreDep
 from service.app.schemas import Backend, JobOut
 from service.app.submission import submit
 from service.planning import BadRequest
@@ -28,11 +29,12 @@ router = APIRouter(prefix="/v1/solve", tags=["solve"])
         429: {"description": "the queue is full; see Retry-After"},
     },
 )
-def submit_solve(
+async def submit_solve(
     document: Annotated[
         dict[str, Any], Body(description='IOPDDL: {"problem": {"nodes": ..., "edges": ...}}')
     ],
-    session: SessionDep,
+    store: StoreDep,
+    cache: PlanCacheDep,
     settings: SettingsDep,
     metrics: MetricsDep,
     backend: Annotated[Backend, Query()] = "auto",
@@ -43,11 +45,12 @@ def submit_solve(
     ``seconds``) when solved before, else a job."""
     if time_limit_s > settings.max_time_limit_s:
         raise BadRequest("time_limit_s", f"at most {settings.max_time_limit_s:g} s")
-    problem = planning.validate_solve(document)
+    problem = await run_in_threadpool(planning.validate_solve, document)
     options = {"backend": backend, "time_limit_s": time_limit_s, "gap": gap}
     key = planning.solve_hash(problem.content_hash, options)
-    return submit(
-        session,
+    return await submit(
+        store,
+        cache,
         settings,
         metrics,
         "solve",
