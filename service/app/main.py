@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
@@ -39,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runner = JobRunner(settings, store, metrics)
         app.state.runner = runner
         runner.start()
+        threading.Thread(target=_preload_validation, name="preload", daemon=True).start()
         log.info(
             "autoshard service: %d worker(s), store %s", settings.workers, store.engine.url.render_as_string()
         )
@@ -69,6 +71,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestTimer, metrics=metrics)
     return app
+
+
+def _preload_validation() -> None:
+    """Import what validating a submission needs (torch: about a second) before the first one comes."""
+    import solver.iopddl  # noqa: F401
+    import strategies.cost.mesh
+    import strategies.models  # noqa: F401
 
 
 def _counts(store: Store) -> dict[str, int]:

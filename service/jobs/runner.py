@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -105,51 +106,65 @@ class WorkerSlot(threading.Thread):
         return self.worker.wait_ready(self.runner.stop)
 
     def _execute(self, job: Job) -> None:
-        settings, store, metrics = self.runner.settings, self.runner.store, self.runner.metrics
+        """Run ``job`` in the worker process until it answers, is canceled, runs out of time or the
+        replica stops; progress never delays those checks."""
+        settings = self.runner.settings
         assert self.worker is not None
         log.info("job %s (%s %s) claimed by %s", job.id, job.kind, job.problem_hash[:12], self.owner)
         self.worker.connection.send(("run", job.kind, json.loads(job.request)))
         deadline = time.monotonic() + job.time_limit_s + settings.job_grace_s
-        next_check = next_beat = time.monotonic()
-        progress: dict[str, Any] | None = None
+        watch = _Watch(next_check=time.monotonic(), next_beat=time.monotonic())
         while True:
             message = self._receive(settings.poll_s)
-            if message is not None and message[0] == "progress":
-                progress = message[1]
-                continue
-            if message is not None:
-                self._finish(job, message, progress)
+            if message is not None and message[0] != "progress":
+                self._finish(job, message, watch.progress)
                 return
-            now = time.monotonic()
+            if message is not None:
+                watch.progress = message[1]
             if self.runner.stop.is_set():
                 self._stop_work()
-                with store.session() as session:
+                with self.runner.store.session() as session:
                     job_store.release_jobs(session, self.owner)
                 return
-            if now >= deadline:
-                self._stop_work()
-                error = {
-                    "type": "timeout",
-                    "message": f"stopped after {job.time_limit_s + settings.job_grace_s:g} s",
-                }
-                with store.session() as session:
-                    job_store.finish_job(session, job.id, self.owner, FAILED, error, progress)
-                metrics.jobs_finished.labels(FAILED).inc()
+            if time.monotonic() >= deadline:
+                self._time_out(job, watch.progress)
                 return
-            if now >= next_check:
-                beat = now >= next_beat
-                with store.session() as session:
-                    if beat:
-                        owned = job_store.renew_lease(session, job.id, self.owner, settings.lease_s, progress)
-                    else:
-                        owned = _still_owned(session, job.id, self.owner)
-                if not owned:  # canceled, or re-queued after a lost lease: the work stops
-                    log.info("job %s is no longer %s's: stopping its worker", job.id, self.owner)
-                    self._stop_work()
-                    return
-                next_check = now + settings.poll_s
+            if not self._still_ours(job, watch):
+                log.info("job %s is no longer %s's: stopping its worker", job.id, self.owner)
+                self._stop_work()
+                return
+
+    def _still_ours(self, job: Job, watch: _Watch) -> bool:
+        """Every ``poll_s``: is the job still this slot's (not canceled, not re-queued)? Every
+        ``heartbeat_s`` the lease is renewed with the latest progress. A store error is logged and the
+        job goes on (if the store stays away, the lease expires and the job is re-queued)."""
+        settings, now = self.runner.settings, time.monotonic()
+        if now < watch.next_check:
+            return True
+        beat = now >= watch.next_beat
+        try:
+            with self.runner.store.session() as session:
                 if beat:
-                    next_beat = now + settings.heartbeat_s
+                    return job_store.renew_lease(
+                        session, job.id, self.owner, settings.lease_s, watch.progress
+                    )
+                return _still_owned(session, job.id, self.owner)
+        except Exception:
+            log.exception("checking job %s", job.id)
+            return True
+        finally:
+            watch.next_check = now + settings.poll_s
+            if beat:
+                watch.next_beat = now + settings.heartbeat_s
+
+    def _time_out(self, job: Job, progress: dict[str, Any] | None) -> None:
+        settings = self.runner.settings
+        self._stop_work()
+        limit = job.time_limit_s + settings.job_grace_s
+        error = {"type": "timeout", "message": f"stopped after {limit:g} s"}
+        with self.runner.store.session() as session:
+            job_store.finish_job(session, job.id, self.owner, FAILED, error, progress)
+        self.runner.metrics.jobs_finished.labels(FAILED).inc()
 
     def _receive(self, timeout: float) -> tuple | None:
         assert self.worker is not None
@@ -182,6 +197,13 @@ class WorkerSlot(threading.Thread):
         assert self.worker is not None
         self.worker.terminate()
         self.worker.ready = False
+
+
+@dataclass
+class _Watch:
+    next_check: float
+    next_beat: float
+    progress: dict[str, Any] | None = None
 
 
 def _still_owned(session: Any, job_id: str, owner: str) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 
 PARENT_CHECK_S = 0.5
 PROGRESS_EVERY_S = 0.25
+PHASE_CHANGE_EVERY_S = 0.02
 
 
 def worker_main(connection: Connection) -> None:
@@ -64,12 +65,14 @@ def _run(planning: Any, kind: str, request: dict[str, Any], report: Any) -> tupl
 
 
 def _throttled(connection: Connection) -> Any:
-    """A progress callback sending at most one record per PROGRESS_EVERY_S (and every phase change)."""
+    """A progress callback sending at most one record per PROGRESS_EVERY_S, or per PHASE_CHANGE_EVERY_S
+    when the phase changed (a solver switching phases fast does not flood the pipe)."""
     last = {"at": 0.0, "phase": None}
 
     def report(record: dict[str, Any]) -> None:
         now = time.monotonic()
-        if record["phase"] != last["phase"] or now - last["at"] >= PROGRESS_EVERY_S:
+        every = PHASE_CHANGE_EVERY_S if record["phase"] != last["phase"] else PROGRESS_EVERY_S
+        if now - last["at"] >= every:
             last["at"], last["phase"] = now, record["phase"]
             connection.send(("progress", record))
 
