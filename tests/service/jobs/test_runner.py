@@ -85,3 +85,24 @@ def test_cancel_terminates_the_worker_process_running_the_job(client: TestClient
     time.sleep(1.0)
     assert client.get(f"/v1/jobs/{job_id}").json()["state"] == "canceled"
     assert client.get(f"/v1/plans/{canceled['problem_hash']}").status_code == 404
+
+
+def test_a_job_past_its_time_limit_and_grace_is_stopped_and_failed(tmp_path: Path) -> None:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'db.sqlite'}", workers=1, poll_s=0.1, job_grace_s=0.2
+    )
+    with TestClient(create_app(settings)) as client:
+        while client.get("/readyz").status_code != 200:
+            time.sleep(0.2)
+        worker = client.app.state.runner.slots[0].worker.process
+        request = {
+            "model": "gpt2-small",
+            "mesh": {"shape": [4]},
+            "captured_layers": 0,
+            "solver": {"time_limit_s": 0.1},
+        }
+        job = wait_for(client, client.post("/v1/plans", json=request).json()["id"], ("succeeded", "failed"))
+        assert job["state"] == "failed" and job["error"]["type"] == "timeout", job
+        assert job["finished_at"] - job["started_at"] < 5
+        worker.join(10)
+        assert not worker.is_alive()
