@@ -33,7 +33,10 @@ def worker_main(connection: Connection) -> None:
         except EOFError:
             return
         _, kind, request = message
-        connection.send(_run(planning, kind, request, _throttled(connection)))
+        progress = _ProgressSender(connection)
+        answer = _run(planning, kind, request, progress)
+        progress.flush()
+        connection.send(answer)
 
 
 def _warm_up(planning: Any) -> None:
@@ -64,19 +67,30 @@ def _run(planning: Any, kind: str, request: dict[str, Any], report: Any) -> tupl
     return ("done", document, time.perf_counter() - started)
 
 
-def _throttled(connection: Connection) -> Any:
-    """A progress callback sending at most one record per PROGRESS_EVERY_S, or per PHASE_CHANGE_EVERY_S
-    when the phase changed (a solver switching phases fast does not flood the pipe)."""
-    last = {"at": 0.0, "phase": None}
+class _ProgressSender:
+    """Sends progress at most once per PROGRESS_EVERY_S, or per PHASE_CHANGE_EVERY_S when the phase
+    changed (a solver switching phases fast does not flood the pipe); :meth:`flush` sends the latest
+    record held back, so a finished job's progress is its last."""
 
-    def report(record: dict[str, Any]) -> None:
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.sent_at = 0.0
+        self.phase: str | None = None
+        self.held: dict[str, Any] | None = None
+
+    def __call__(self, record: dict[str, Any]) -> None:
         now = time.monotonic()
-        every = PHASE_CHANGE_EVERY_S if record["phase"] != last["phase"] else PROGRESS_EVERY_S
-        if now - last["at"] >= every:
-            last["at"], last["phase"] = now, record["phase"]
-            connection.send(("progress", record))
+        every = PHASE_CHANGE_EVERY_S if record["phase"] != self.phase else PROGRESS_EVERY_S
+        if now - self.sent_at < every:
+            self.held = record
+            return
+        self.sent_at, self.phase, self.held = now, record["phase"], None
+        self.connection.send(("progress", record))
 
-    return report
+    def flush(self) -> None:
+        if self.held is not None:
+            self.connection.send(("progress", self.held))
+            self.held = None
 
 
 def _exit_with_parent(parent: int) -> None:
