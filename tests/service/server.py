@@ -21,7 +21,9 @@ READY_TIMEOUT_S = 120.0
 
 
 class ServerProcess:
-    def __init__(self, database_url: str, log: Path, **settings: object) -> None:
+    def __init__(
+        self, database_url: str, log: Path, options: tuple[str, ...] = (), **settings: object
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -34,6 +36,8 @@ class ServerProcess:
         for key, value in settings.items():
             text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
             self.env[f"AUTOSHARD_{key.upper()}"] = text
+        self.options = options
+        """``autoshard serve`` options (they override the environment)."""
         self.process: subprocess.Popen | None = None
 
     def start(self) -> ServerProcess:

@@ -184,3 +184,12 @@ def test_two_replicas_on_postgresql_run_each_job_exactly_once(
     finally:
         for replica in replicas:
             replica.stop()
+
+
+def test_the_cli_does_not_load_the_service_stack_for_other_commands() -> None:
+    probe = (
+        "import sys, service.cli; "
+        "print([m for m in ('fastapi', 'sqlalchemy', 'uvicorn', 'alembic', 'httpx') if m in sys.modules])"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
