@@ -44,8 +44,10 @@ async def _http(_request: Request, error: StarletteHTTPException) -> JSONRespons
 
 
 async def _unexpected(request: Request, error: Exception) -> JSONResponse:
-    log.exception("%s %s failed", request.method, request.url.path, exc_info=error)
-    return _answer(status.HTTP_500_INTERNAL_SERVER_ERROR, "internal error (logged on the server)", None)
+    request_id = getattr(request.state, "request_id", "-")
+    log.error("request %s: %s %s failed", request_id, request.method, request.url.path, exc_info=error)
+    detail = f"internal error (logged on the server as request {request_id})"
+    return _answer(status.HTTP_500_INTERNAL_SERVER_ERROR, detail, None, {"X-Request-ID": request_id})
 
 
 def _answer(code: int, detail: str, field: str | None, headers: dict | None = None) -> JSONResponse:

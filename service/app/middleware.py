@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import time
+import uuid
 from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.jobs.metrics import Metrics
+
+log = logging.getLogger("autoshard.api")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 class BodyTooLarge(HTTPException):
@@ -66,7 +72,9 @@ class BodyLimit:
 
 
 class RequestTimer:
-    """Observes each request's latency by method, route template and status."""
+    """Observes each request's latency by method, route template and status; gives each request an id
+    (the client's ``X-Request-ID`` if it sent a usable one), answered in ``X-Request-ID`` and logged with the
+    request's outcome."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -78,10 +86,13 @@ class RequestTimer:
             return
         started = time.perf_counter()
         status: dict[str, Any] = {"code": 500}
+        request_id = _request_id(scope)
+        scope.setdefault("state", {})["request_id"] = request_id
 
         async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
             await send(message)
 
         try:
@@ -89,6 +100,23 @@ class RequestTimer:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", "unmatched")
+            seconds = time.perf_counter() - started
             self.metrics.request_seconds.labels(scope["method"], template, str(status["code"])).observe(
-                time.perf_counter() - started
+                seconds
             )
+            log.log(
+                logging.WARNING if status["code"] >= 500 else logging.DEBUG,
+                "request %s %s %s -> %s in %.1f ms",
+                request_id,
+                scope["method"],
+                scope["path"],
+                status["code"],
+                1e3 * seconds,
+            )
+
+
+def _request_id(scope: Scope) -> str:
+    sent = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+    if REQUEST_ID.fullmatch(sent):
+        return sent
+    return uuid.uuid4().hex[:16]

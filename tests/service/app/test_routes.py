@@ -193,9 +193,15 @@ def test_an_internal_error_answers_500_without_a_trace(client: TestClient, monke
         raise RuntimeError("secret detail of a bug")
 
     monkeypatch.setattr(job_store, "list_jobs", broken)
-    response = client.get("/v1/jobs")
+    response = client.get("/v1/jobs", headers={"X-Request-ID": "launcher-42"})
     assert response.status_code == 500
     assert "secret" not in response.text and "Traceback" not in response.text
+    assert response.headers["x-request-id"] == "launcher-42" and "launcher-42" in response.json()["detail"]
+
+
+def test_every_answer_carries_a_request_id(client: TestClient) -> None:
+    first, second = client.get("/healthz"), client.get("/healthz", headers={"X-Request-ID": "bad id!"})
+    assert len(first.headers["x-request-id"]) == 16 and second.headers["x-request-id"] != "bad id!"
 
 
 def test_cors_is_off_unless_origins_are_set(make_client) -> None:
