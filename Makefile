@@ -6,9 +6,17 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 IOPDDL := benchmarks/data/iopddl
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup postgres demo test bench lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) postgres
+
+# PostgreSQL server binaries for the service's tests (they start a throwaway server): Debian's package when
+# initdb is missing and we are root (CI is); otherwise say what to install.
+postgres:
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	else echo "autoshard: install PostgreSQL (initdb, pg_ctl): the service's tests start a throwaway server"; fi
 
 # Installs torch first (pinned: a bare `torch` requirement would pull a CUDA build), then the project.
 $(STAMP): pyproject.toml

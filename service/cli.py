@@ -357,6 +357,38 @@ def run_command(
         typer.echo(report_text(result))
 
 
+@app.command("serve")
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="address to listen on [env AUTOSHARD_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="port [env AUTOSHARD_PORT]", min=0, max=65535)] = None,
+    workers: Annotated[
+        int | None, typer.Option(help="solver worker processes [env AUTOSHARD_WORKERS]", min=0)
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url", help="SQLAlchemy URL, SQLite file or PostgreSQL [env AUTOSHARD_DATABASE_URL]"
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn's log level")] = "info",
+) -> None:
+    """Run the REST service (/v1, OpenAPI at /openapi.json, /healthz, /readyz, /metrics) with its workers.
+
+    Every setting is read from the environment (AUTOSHARD_*, see README); options override them.
+    """
+    import logging
+
+    import uvicorn
+
+    from service.app.main import create_app
+    from service.app.settings import Settings
+
+    overrides = {"host": host, "port": port, "workers": workers, "database_url": database_url}
+    settings = Settings(**{key: value for key, value in overrides.items() if value is not None})
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)
+
+
 def _print_progress(phase: str, seconds: float, incumbent: float, bound: float) -> None:
     gap = (
         (incumbent - bound) / incumbent

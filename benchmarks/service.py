@@ -1,0 +1,173 @@
+"""Service benchmark: a real `autoshard serve` on loopback, measured from a client on the same machine.
+
+    python benchmarks/service.py [--seconds 30] [--rate 200] [--jobs 8] [--workers 2] [--database-url URL]
+                                 [--json]
+
+Rows (issue 14, part 6):
+- "submit -> plan (mlp, cold)": wall time of the client's submit, poll and fetch of an `mlp` plan on a mesh
+  of 4 that was never solved (a worker process already warm).
+- "cached plans, open loop": `--rate` requests per second for `--seconds` of `POST /v1/plans` whose plan is
+  stored (200 from the cache), sent on schedule whatever the answers' pace (at most 256 in flight); the
+  requests/s served, latency p50 / p99 / max from each request's send to its whole answer, and errors.
+- "jobs per minute (mlp, distinct)": `--jobs` distinct small plans (`mlp`, mesh 4, batches 16, 24, ...)
+  submitted at once to `--workers` worker processes; finished jobs per minute of wall time.
+The server keeps its own SQLite file in a temporary folder unless --database-url is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from service.client import AutoshardClient  # noqa: E402
+
+MLP = {"model": "mlp", "mesh": {"shape": [4]}, "solver": {"time_limit_s": 10}}
+MAX_IN_FLIGHT = 256
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(database_url: str, workers: int, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "AUTOSHARD_HOST": "127.0.0.1",
+        "AUTOSHARD_PORT": str(port),
+        "AUTOSHARD_DATABASE_URL": database_url,
+        "AUTOSHARD_WORKERS": str(workers),
+        "AUTOSHARD_POLL_S": "0.1",
+        "AUTOSHARD_MAX_QUEUED_JOBS": "1000",
+    }
+    command = [str(Path(sys.executable).parent / "autoshard"), "serve", "--log-level", "warning"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).json().get("workers_ready") == workers:
+                return process, url
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise SystemExit(f"the server did not get ready; its log:\n{log.read_text()[-3000:]}")
+
+
+def cold_plan_seconds(url: str) -> float:
+    with AutoshardClient(url) as client:
+        started = time.perf_counter()
+        client.plan(MLP, timeout_s=300)
+        return time.perf_counter() - started
+
+
+async def open_loop(url: str, seconds: float, rate: float) -> dict[str, Any]:
+    """``rate`` cached submissions per second for ``seconds``, each sent at its scheduled time."""
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=MAX_IN_FLIGHT)
+    gate = asyncio.Semaphore(MAX_IN_FLIGHT)
+    body = json.dumps(MLP).encode()
+    headers = {"content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+
+        async def one() -> None:
+            nonlocal errors
+            async with gate:
+                sent = time.perf_counter()
+                try:
+                    response = await client.post("/v1/plans", content=body, headers=headers)
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append(time.perf_counter() - sent)
+                errors += not ok
+
+        tasks = []
+        started = time.perf_counter()
+        count = int(seconds * rate)
+        for i in range(count):
+            delay = started + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one()))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - started
+    ordered = sorted(latencies)
+    return {
+        "requests": len(ordered),
+        "seconds": elapsed,
+        "requests_per_s": len(ordered) / elapsed,
+        "p50_ms": 1e3 * statistics.median(ordered),
+        "p99_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        "max_ms": 1e3 * ordered[-1],
+        "errors": errors,
+    }
+
+
+def jobs_per_minute(url: str, jobs: int) -> dict[str, Any]:
+    with AutoshardClient(url) as client:
+        started = time.perf_counter()
+        submitted = [client.submit_plan({**MLP, "batch": 16 + 8 * i}).job for i in range(jobs)]
+        for job in submitted:
+            client.wait(job["id"], poll_s=0.1, timeout_s=600)
+        elapsed = time.perf_counter() - started
+    return {"jobs": jobs, "seconds": elapsed, "jobs_per_minute": 60 * jobs / elapsed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of the cached-plan load")
+    parser.add_argument("--rate", type=float, default=200.0, help="cached-plan requests per second")
+    parser.add_argument("--jobs", type=int, default=8, help="distinct small plans for jobs per minute")
+    parser.add_argument("--workers", type=int, default=2, help="the server's worker processes")
+    parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary folder")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="autoshard-bench-") as folder:
+        url_db = args.database_url or f"sqlite:///{Path(folder) / 'autoshard.db'}"
+        process, url = start_server(url_db, args.workers, Path(folder) / "server.log")
+        try:
+            cold = cold_plan_seconds(url)
+            load = asyncio.run(open_loop(url, args.seconds, args.rate))
+            throughput = jobs_per_minute(url, args.jobs)
+        finally:
+            process.terminate()
+            process.wait(30)
+    if args.json:
+        print(json.dumps({"cold_plan_s": cold, "cached": load, "jobs": throughput}, indent=1))
+        return
+    print(f"| measure | figure |\n|---|---|\n| submit -> plan (mlp, mesh 4, cold) | {cold:.2f} s |")
+    print(
+        f"| cached plans, open loop at {args.rate:g}/s for {args.seconds:g} s | "
+        f"{load['requests_per_s']:.1f} requests/s served, p50 {load['p50_ms']:.1f} ms, "
+        f"p99 {load['p99_ms']:.1f} ms, max {load['max_ms']:.1f} ms, {load['errors']} errors "
+        f"of {load['requests']} |"
+    )
+    print(
+        f"| jobs per minute (mlp, {throughput['jobs']} distinct, {args.workers} workers) | "
+        f"{throughput['jobs_per_minute']:.1f} ({throughput['seconds']:.1f} s) |"
+    )
+
+
+if __name__ == "__main__":
+    main()
