@@ -8,7 +8,7 @@ IOPDDL := benchmarks/data/iopddl
 
 .PHONY: setup postgres demo test bench lint clean
 
-setup: $(STAMP) postgres
+setup: $(STAMP)
 
 # PostgreSQL server binaries for the service's tests (they start a throwaway server): Debian's package when
 # initdb is missing and we are root (CI is); otherwise say what to install.
@@ -36,7 +36,7 @@ demo: setup
 	@echo "== autoshard plan: a 2-layer MLP on a mesh of 4 with a big batch (data parallel is optimal) =="
 	$(BIN)/autoshard plan --model mlp --mesh 4 --batch 65536 --out results-plan-mlp.json --time-limit 30 --quiet
 
-test: setup
+test: setup postgres
 	$(BIN)/python -m pytest
 
 # The public contest instances A, M, S: from IOPDDL_DATA (or $AUTOSHARD_IOPDDL_DATA, or ../shared beside the clone).

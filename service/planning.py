@@ -2,8 +2,9 @@
 
 The API process validates a submission (:func:`validate_plan`, :func:`validate_solve`) and keys it by a
 content hash of everything that changes the answer (:func:`plan_hash`, :func:`solve_hash`); a worker
-process runs it (:func:`run_plan_job`, :func:`run_solve_job`). Planning from a launcher's graph goes
-through the same two functions, :func:`check_graph` and :func:`run_plan_job`, when it is supported.
+process runs it (:func:`run_plan_job`, :func:`run_solve_job`). A launcher's graph document (instead of a
+built-in model) is read in the API process as the planner will read it (:func:`check_graph`), so a bad one is
+refused at once naming its field; the worker plans from it without importing any model code.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ Report = Callable[[dict[str, Any]], None]
 
 
 class BadRequest(ValueError):
-    """A request the service refuses (422); ``field`` names the offending field of the body."""
+    """A request the service refuses (``status``: 422, or 413 for a graph past the service's bounds);
+    ``field`` names the offending field of the body."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, status: int = 422) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.status = status
 
 
 # -------------------------------------------------------------------------------------------- hashing
@@ -55,12 +58,26 @@ def solve_hash(problem_hash: str, options: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------- validation
 
 
-def check_graph(graph: dict[str, Any], max_bytes: int) -> None:
-    """A launcher's graph: bounded in size; planning from it is not supported yet (another branch)."""
+def check_graph(graph: dict[str, Any], max_bytes: int) -> int:
+    """A launcher's graph document (docs/graph-format.md) read as the planner will read it, within the
+    service's byte bound; refusals name the field under ``graph`` (413 past a bound). Returns the bytes of
+    the parameters it holds (a short capture: those of the captured layers, a lower bound)."""
+    from strategies.graph.graph_format import GraphFormatError, GraphLimits
+    from strategies.graph.imported import load_graph
+
     size = len(json.dumps(graph, separators=(",", ":")))
     if size > max_bytes:
-        raise BadRequest("graph", f"{size} bytes of JSON, more than the limit of {max_bytes}")
-    raise BadRequest("graph", "planning from a launcher's graph is not supported yet; send a built-in model")
+        raise BadRequest("graph", f"{size} bytes of JSON, more than the limit of {max_bytes}", status=413)
+    try:
+        imported = load_graph(graph, GraphLimits(max_bytes=max_bytes))
+    except GraphFormatError as error:
+        raise BadRequest(f"graph.{error.field}", error.message, status=error.status) from error
+    values = (node.meta["val"] for node in imported.graph.parameters.values())
+    return sum(value.numel() * value.element_size() for value in values)
+
+
+GRAPH_FIXES = ("batch", "seq", "layers", "options")
+"""Request fields a graph fixes itself: refused beside one."""
 
 
 def validate_plan(request: dict[str, Any], max_graph_bytes: int, max_time_limit_s: float) -> None:
@@ -76,8 +93,10 @@ def validate_plan(request: dict[str, Any], max_graph_bytes: int, max_time_limit_
     if has_model == has_graph:
         raise BadRequest("model", "give exactly one of model (a built-in name) or graph")
     if has_graph:
-        check_graph(request["graph"], max_graph_bytes)
-    if request["model"] not in MODELS:
+        for name in GRAPH_FIXES:
+            if request[name]:
+                raise BadRequest(name, f"a graph fixes its own shapes and configuration; leave {name} unset")
+    elif request["model"] not in MODELS:
         raise BadRequest("model", f"unknown model {request['model']!r}; built-in models are {sorted(MODELS)}")
     if request["solver"]["time_limit_s"] > max_time_limit_s:
         raise BadRequest("solver.time_limit_s", f"at most {max_time_limit_s:g} s")
@@ -101,7 +120,10 @@ def validate_plan(request: dict[str, Any], max_graph_bytes: int, max_time_limit_
                 raise BadRequest(f"pinned.{group}.{key}", str(error)) from error
     if request["baseline"] == "fsdp_tp" and len(mesh.shape) < 2:
         raise BadRequest("baseline", "fsdp_tp needs a mesh of 2 or more axes")
-    parameter_bytes = _parameter_bytes(request)
+    if has_graph:
+        parameter_bytes = check_graph(request["graph"], max_graph_bytes)
+    else:
+        parameter_bytes = _parameter_bytes(request)
     _check_budget(request["memory_gib"], parameter_bytes / math.prod(mesh.shape), mesh.hardware.memory_bytes)
 
 
@@ -153,15 +175,15 @@ def _named(error: Exception, fields: dict[str, str]) -> BadRequest:
 def run_plan_job(request: dict[str, Any], report: Report | None = None) -> dict[str, Any]:
     """Plan a validated request (see :func:`validate_plan`): the plan JSON. Raises BadRequest for what only
     the work finds wrong, and InfeasibleError when no plan fits the budget."""
-    if request.get("graph") is not None:
-        raise BadRequest("graph", "planning from a launcher's graph is not supported yet")
     from strategies.cost.hardware import override_hardware
+    from strategies.graph.graph_format import GraphFormatError
     from strategies.plan.planner import PlanRequest, plan_model
 
     hardware = request["hardware"]
     solver = request["solver"]
     plan_request = PlanRequest(
-        model=request["model"],
+        model=request["model"] or "",
+        graph=request.get("graph"),
         mesh="x".join(str(n) for n in request["mesh"]["shape"]),
         axis_names=None if request["mesh"]["axis_names"] is None else ",".join(request["mesh"]["axis_names"]),
         hardware=override_hardware(hardware) if isinstance(hardware, dict) else hardware,  # type: ignore[arg-type]
@@ -183,6 +205,8 @@ def run_plan_job(request: dict[str, Any], report: Report | None = None) -> dict[
     listener = PlanProgress(report)
     try:
         outcome = plan_model(plan_request, progress=listener)
+    except GraphFormatError as error:
+        raise BadRequest(f"graph.{error.field}", error.message, status=error.status) from error
     except ValueError as error:
         raise _named(
             error, {"model": "options", "mesh": "mesh.shape", "axis_names": "mesh.axis_names"}

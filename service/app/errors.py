@@ -36,7 +36,7 @@ async def _validation(_request: Request, error: RequestValidationError) -> JSONR
 
 
 async def _bad_request(_request: Request, error: BadRequest) -> JSONResponse:
-    return _answer(UNPROCESSABLE, str(error), error.field)
+    return _answer(error.status, str(error), error.field)
 
 
 async def _http(_request: Request, error: StarletteHTTPException) -> JSONResponse:

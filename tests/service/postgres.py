@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL server for the tests: initdb and pg_ctl on a temporary folder, a free port on
 127.0.0.1, trust authentication. As root (CI) the server runs as the ``postgres`` user, since PostgreSQL
-refuses to run as root. The binaries come from the system (``make setup`` installs Debian's ``postgresql``
+refuses to run as root. The binaries come from the system (``make test`` installs Debian's ``postgresql``
 when they are missing); without them the tests fail with a message saying so, they are not skipped."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 MISSING = (
     "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH nor in /usr/lib/postgresql/*/bin: "
-    "run `make setup` (as root it installs the Debian package postgresql) or install them"
+    "run `make postgres` (as root it installs the Debian package postgresql) or install them"
 )
 
 

@@ -21,6 +21,7 @@ from service.client import AutoshardClient, ServiceError
 from tests.bundled_data import INSTANCE_G
 from tests.service.postgres import PostgresServer, free_port
 from tests.service.server import ServerProcess, pid_alive
+from tests.strategies.graph.graph_documents import exported_text
 
 WRITER, READER = "writer-token", "reader-token"
 TOKENS = {WRITER: ["read", "submit"], READER: ["read"]}
@@ -69,6 +70,19 @@ def test_submit_wait_and_fetch_then_the_cache_answers(client: AutoshardClient) -
     assert report["target"] == "w1.weight" and report["plan"]["consistent"]
 
 
+def test_a_launchers_graph_is_planned_as_its_module(client: AutoshardClient) -> None:
+    """The service plans a graph document (no model code imported) into the plan of the module itself."""
+    module = client.plan({**MLP, "batch": 64, "solver": {"time_limit_s": 30, "gap": 0.0}}, timeout_s=120)
+    document = json.loads(exported_text("mlp"))  # mlp, batch 64, as the launcher exported it
+    graph = client.plan(
+        {"graph": document, "mesh": {"shape": [4]}, "solver": {"time_limit_s": 30, "gap": 0.0}}, timeout_s=120
+    )
+    assert graph["request"]["graph"]["sha256"] and not graph["request"]["model"]
+    for key in ("parameters", "inputs", "nodes"):
+        assert graph[key] == module[key], key
+    assert graph["predicted"] == module["predicted"]
+
+
 def test_cancel_stops_the_worker_process(server: ServerProcess, client: AutoshardClient) -> None:
     document, options = long_solve(60)
     job = client.submit_solve(document, **options).job
@@ -112,7 +126,11 @@ def test_tokens_are_required_and_rights_checked(server: ServerProcess) -> None:
         (json.dumps({**MLP, "mesh": {"shape": [-2]}}).encode(), 422, "mesh.shape"),
         (json.dumps({**MLP, "memory_gib": 0.0001}).encode(), 422, "memory_gib"),
         (json.dumps({**MLP, "model": None, "graph": "not an object"}).encode(), 422, "graph"),
-        (json.dumps({**MLP, "model": None, "graph": {"version": 1, "nodes": []}}).encode(), 422, "graph"),
+        (
+            json.dumps({**MLP, "model": None, "graph": {"version": 1, "nodes": []}}).encode(),
+            422,
+            "graph.format",
+        ),
     ],
 )
 def test_each_bad_input_gets_its_4xx(server: ServerProcess, body: bytes, status: int, field: str) -> None:

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from service.store import plans as plan_store
 from tests.bundled_data import EXAMPLE
 from tests.service.app.conftest import MLP
+from tests.strategies.graph.graph_documents import exported_text
 
 
 def test_a_new_plan_request_is_accepted_as_a_job(client: TestClient) -> None:
@@ -118,9 +119,10 @@ def test_metrics_report_jobs_by_state_queue_depth_and_latency(client: TestClient
         ({**MLP, "pinned": {"inputs": {"0": ["S(0)", "R"]}}}, "pinned.inputs.0"),
         ({**MLP, "pinned": {"inputs": {"0": ["Q(7)"]}}}, "pinned.inputs.0"),
         ({**MLP, "colour": "blue"}, "colour"),
-        ({**MLP, "model": None, "graph": {"version": 1, "nodes": []}}, "graph"),
+        ({**MLP, "model": None, "graph": {"version": 1, "nodes": []}}, "graph.format"),
         ({**MLP, "model": None, "graph": [1, 2]}, "graph"),
         ({**MLP, "graph": {"version": 1}}, "model"),
+        ({"mesh": {"shape": [4]}, "graph": {"version": 1}, "batch": 8}, "batch"),
     ],
 )
 def test_bad_plan_requests_get_422_naming_the_field(client: TestClient, body: dict, field: str) -> None:
@@ -142,12 +144,24 @@ def test_a_bad_iopddl_problem_gets_422_naming_its_field(client: TestClient) -> N
     assert response.status_code == 422 and response.json()["field"].startswith("problem.nodes.costs")
 
 
-def test_a_graph_larger_than_the_limit_is_refused(make_client) -> None:
+def test_a_graph_larger_than_the_limit_gets_413(make_client) -> None:
     client = make_client(max_graph_bytes=1024)
     graph = {"version": 1, "nodes": [{"op": "aten.mm.default"}] * 100}
     response = client.post("/v1/plans", json={**MLP, "model": None, "graph": graph})
-    assert response.status_code == 422 and response.json()["field"] == "graph"
+    assert response.status_code == 413 and response.json()["field"] == "graph"
     assert "limit of 1024" in response.json()["detail"]
+
+
+def test_a_launchers_graph_is_accepted_and_a_bad_one_refused_naming_its_field(client: TestClient) -> None:
+    document = json.loads(exported_text("mlp"))
+    body = {"graph": document, "mesh": {"shape": [4]}, "solver": {"time_limit_s": 5}}
+    accepted = client.post("/v1/plans", json=body)
+    assert accepted.status_code == 202, accepted.text
+    evil = json.loads(exported_text("mlp"))
+    evil["nodes"][-1]["op"] = "os.system"
+    refused = client.post("/v1/plans", json={**body, "graph": evil})
+    assert refused.status_code == 422 and refused.json()["field"].startswith("graph.nodes[")
+    assert "os.system" in refused.json()["detail"]
 
 
 def test_a_body_over_the_limit_gets_413(make_client) -> None:
