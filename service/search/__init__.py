@@ -1,0 +1,1 @@
+"""Batch plan search: candidates over mesh shapes and batches, ranked, with a report."""
