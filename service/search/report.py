@@ -45,8 +45,9 @@ def render_report(results: dict[str, Any], results_dir: Path) -> str:
     model = str(request.get("model", DASH))
     body = [
         _header(results, request, candidates),
-        _section("Ranking", ranking_table(candidates, unit), _ranking_caption(unit)),
+        _section("ranking-section", "Ranking", ranking_table(candidates, unit), _ranking_caption(unit)),
         _section(
+            "throughput",
             "Throughput against memory",
             throughput_memory_plot(candidates, _pareto(results)) or _none("No candidate has a plan to draw."),
             "Each point is a candidate with a plan; the Pareto front (no other candidate is both faster and "
@@ -54,6 +55,7 @@ def render_report(results: dict[str, Any], results_dir: Path) -> str:
             "smallest peak any of their plans could reach; the dashed line is the memory budget.",
         ),
         _section(
+            "step-time",
             "Where the step time goes",
             time_breakdown_plot(ranked) or _none("No candidate is ranked."),
             "Predicted step time of each ranked candidate, best at the top: compute, communication not "
@@ -133,7 +135,7 @@ def _ranking_caption(unit: str) -> str:
 
 def _winner(ranked: list[dict[str, Any]], results_dir: Path, unit: str) -> str:
     if not ranked:
-        return _section("The winner", _none("No candidate has a plan: there is no winner."), "")
+        return _section("winner", "The winner", _none("No candidate has a plan: there is no winner."), "")
     best = ranked[0]
     plan, problem = _read_plan(results_dir, best.get("plan_file"))
     title = (
@@ -141,7 +143,7 @@ def _winner(ranked: list[dict[str, Any]], results_dir: Path, unit: str) -> str:
         f"batch {best.get('batch', DASH)}"
     )
     caption = f"Candidate {best.get('id', DASH)}, plan file {best.get('plan_file') or DASH}."
-    return _section(title, winner_section(best, plan, problem, unit), caption)
+    return _section("winner", title, winner_section(best, plan, problem, unit), caption)
 
 
 def _read_plan(results_dir: Path, plan_file: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -162,9 +164,10 @@ def _read_plan(results_dir: Path, plan_file: Any) -> tuple[dict[str, Any] | None
     return plan, None
 
 
-def _section(title: str, content: str, caption: str) -> str:
+def _section(name: str, title: str, content: str, caption: str) -> str:
+    """A section of the page, ``name`` its id."""
     text = f'<p class="caption">{esc(caption)}</p>' if caption else ""
-    return f"<section><h2>{esc(title)}</h2>{text}{content}</section>"
+    return f'<section id="{name}"><h2>{esc(title)}</h2>{text}{content}</section>'
 
 
 def _none(message: str) -> str:

@@ -82,7 +82,7 @@ def _row(candidate: dict[str, Any], unit: str) -> str:
         "gap": number(certificate.get("gap")),
         "seconds": number(candidate.get("seconds")),
     }
-    data = " ".join(f'data-{k}="{esc("" if v is None else v)}"' for k, v in keys.items())
+    data = " ".join(f'data-{k}="{esc(_sort_value(v))}"' for k, v in keys.items())
     cells = [
         f'<td class="num">{_plain(rank)}</td>',
         f"<td><code>{esc(candidate.get('id', DASH))}</code></td>",
@@ -131,6 +131,15 @@ def _memory_cell(candidate: dict[str, Any]) -> str:
         f'<div class="mem"><div class="bar"><i style="width:{width:.1f}%"></i></div>'
         f"<span>{esc(text)} ({100 * share:.0f}%)</span></div>"
     )
+
+
+def _sort_value(value: Any) -> str:
+    """A sort key as attribute text: whole numbers without ``.0``, others at full precision."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    return str(value)
 
 
 def _plain(value: float | None) -> str:
