@@ -21,6 +21,7 @@ from service.search.report_format import (
     DASH,
     axes_text,
     esc,
+    mapping,
     mesh_text,
     number,
     seconds_text,
@@ -39,7 +40,7 @@ def render_report(results: dict[str, Any], results_dir: Path) -> str:
     """The report page of a search's ``results`` (``results.json``, read), whose plan files lie under
     ``results_dir``. Raises ValueError naming the field when ``results`` is not a search's results."""
     candidates = _check(results)
-    request = results.get("request") if isinstance(results.get("request"), dict) else {}
+    request = mapping(results, "request")
     unit = throughput_unit(candidates)
     ranked = [c for c in ranked_order(candidates) if number(c.get("rank")) is not None]
     model = str(request.get("model", DASH))

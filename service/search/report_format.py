@@ -20,6 +20,18 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+def mapping(document: dict[str, Any], key: str) -> dict[str, Any]:
+    """``document[key]`` when it is an object, else an empty one."""
+    value = document.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def sequence(document: dict[str, Any], key: str) -> list[Any]:
+    """``document[key]`` when it is a list, else an empty one."""
+    value = document.get(key)
+    return value if isinstance(value, list) else []
+
+
 def number(value: Any) -> float | None:
     """``value`` as a finite float, or None when it is not a number (booleans are not numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

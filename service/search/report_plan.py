@@ -15,10 +15,12 @@ from typing import Any
 from service.search.report_format import (
     DASH,
     esc,
+    mapping,
     number,
     percent_text,
     rate_text,
     seconds_text,
+    sequence,
     size_text,
     throughput,
 )
@@ -100,7 +102,7 @@ def winner_section(
     if plan is None:
         parts.append(f'<p class="note">{esc(plan_problem or "The winner has no plan file.")}</p>')
         return "\n".join(parts)
-    predicted = plan.get("predicted") if isinstance(plan.get("predicted"), dict) else {}
+    predicted = mapping(plan, "predicted")
     parts += [
         _placements(plan),
         _collectives(predicted),
@@ -114,7 +116,7 @@ def winner_section(
 
 
 def _headline(candidate: dict[str, Any], unit: str) -> str:
-    certificate = candidate.get("certificate") if isinstance(candidate.get("certificate"), dict) else {}
+    certificate = mapping(candidate, "certificate")
     peak, budget = number(candidate.get("peak_memory_bytes")), number(candidate.get("memory_budget_bytes"))
     share = f" ({100 * peak / budget:.0f}%)" if peak is not None and budget else ""
     facts = [
@@ -129,9 +131,9 @@ def _headline(candidate: dict[str, Any], unit: str) -> str:
 
 
 def _placements(plan: dict[str, Any]) -> str:
-    mesh = plan.get("mesh") if isinstance(plan.get("mesh"), dict) else {}
+    mesh = mapping(plan, "mesh")
     axes = ", ".join(str(a) for a in mesh.get("axis_names") or [])
-    parameters = plan.get("parameters") if isinstance(plan.get("parameters"), dict) else {}
+    parameters = mapping(plan, "parameters")
     rows = fold_layers(parameters)
     folded = any(isinstance(row, LayerGroup) for row in rows)
     body: list[str] = []
@@ -143,7 +145,7 @@ def _placements(plan: dict[str, Any]) -> str:
                 body.append(_placement_row(head, rest, text, first=k == 0))
         else:
             body.append(_placement_row('<td class="layers"></td>' if folded else "", *row, first=True))
-    inputs = plan.get("inputs") if isinstance(plan.get("inputs"), list) else []
+    inputs = sequence(plan, "inputs")
     for k, spec in enumerate(inputs):
         head = '<td class="layers"></td>' if folded else ""
         body.append(_placement_row(head, f"input {k}", spec_text(spec), first=True))
@@ -184,7 +186,7 @@ def placement_html(text: str) -> str:
 
 
 def _collectives(predicted: dict[str, Any]) -> str:
-    collectives = predicted.get("collectives") if isinstance(predicted.get("collectives"), dict) else {}
+    collectives = mapping(predicted, "collectives")
     rows = "".join(
         f'<tr><td>{esc(kind)}</td><td class="num">{esc(_count(count))}</td></tr>'
         for kind, count in sorted(collectives.items(), key=lambda kv: -(number(kv[1]) or 0))

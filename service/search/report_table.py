@@ -12,6 +12,7 @@ from service.search.report_format import (
     DASH,
     axes_text,
     esc,
+    mapping,
     mesh_text,
     number,
     percent_text,
@@ -68,7 +69,7 @@ def ranking_table(candidates: list[dict[str, Any]], unit: str) -> str:
 def _row(candidate: dict[str, Any], unit: str) -> str:
     status = str(candidate.get("status", DASH))
     rank = number(candidate.get("rank"))
-    certificate = candidate.get("certificate") if isinstance(candidate.get("certificate"), dict) else {}
+    certificate = mapping(candidate, "certificate")
     keys = {
         "rank": rank,
         "id": candidate.get("id"),
