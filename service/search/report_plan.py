@@ -139,7 +139,7 @@ def _placements(plan: dict[str, Any]) -> str:
     body: list[str] = []
     for row in rows:
         if isinstance(row, LayerGroup):
-            label = f"{row.stack}{{{layer_ranges(row.layers)}}}"
+            label = f"{row.stack.rstrip('.')} {layer_ranges(row.layers)}"
             for k, (rest, text) in enumerate(row.pattern):
                 head = f'<td rowspan="{len(row.pattern)}" class="layers">{esc(label)}</td>' if k == 0 else ""
                 body.append(_placement_row(head, rest, text, first=k == 0))

@@ -92,8 +92,7 @@ def throughput_memory_plot(candidates: list[dict[str, Any]], pareto: Sequence[st
 
 
 def _draw_front(axes: Axes, front: list[dict[str, Any]], scale: float) -> None:
-    """The Pareto front as a staircase through its points (by memory), each point labelled; labels of
-    neighbours alternate above and below so close points stay readable."""
+    """The Pareto front as a staircase through its points (by memory), each point labelled."""
     points = sorted((p, c) for c in front if (p := _point(c)) is not None)
     if not points:
         return
@@ -101,11 +100,33 @@ def _draw_front(axes: Axes, front: list[dict[str, Any]], scale: float) -> None:
     ys = [p[1] for p, _ in points]
     axes.plot(xs, ys, color=PARETO, linewidth=1, zorder=2, drawstyle="steps-post", alpha=0.6)
     _scatter(axes, [c for _, c in points], scale, PARETO, "o", "Pareto front", size=40)
-    for k, ((_, candidate), x, y) in enumerate(zip(points, xs, ys, strict=True)):
-        offset = (6, 5) if k % 2 == 0 else (6, -12)
-        axes.annotate(
-            candidate_label(candidate), (x, y), textcoords="offset points", xytext=offset, fontsize=8
-        )
+    _label_points(axes, [(x, y, candidate_label(c)) for x, y, (_, c) in zip(xs, ys, points, strict=True)])
+
+
+LABEL_OFFSETS = [(6, 4), (6, -12), (-6, 4), (-6, -12), (6, 16), (-6, 16), (6, -24), (-6, -24)]
+"""Where a point's label may go (points right and up of the point; negative x: the label ends there)."""
+
+
+def _label_points(axes: Axes, points: list[tuple[float, float, str]]) -> None:
+    """Label each point at the first offset where its text overlaps no label placed before it (else at
+    the first offset): close points stay readable."""
+    renderer = axes.figure.canvas.get_renderer()
+    placed: list[Any] = []
+    for x, y, text in points:
+        for k, (dx, dy) in enumerate(LABEL_OFFSETS):
+            label = axes.annotate(
+                text,
+                (x, y),
+                textcoords="offset points",
+                xytext=(dx, dy),
+                fontsize=8,
+                ha="left" if dx > 0 else "right",
+            )
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed) or k == len(LABEL_OFFSETS) - 1:
+                placed.append(box)
+                break
+            label.remove()
 
 
 def memory_unit(largest: float) -> tuple[float, str]:
@@ -139,7 +160,7 @@ def time_breakdown_plot(ranked: list[dict[str, Any]]) -> str | None:
         axes.invert_yaxis()
         axes.grid(axis="y", visible=False)
         axes.set_xlabel(f"predicted step time ({unit})")
-        axes.legend(loc="lower right", fontsize=8, framealpha=0.9)
+        axes.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
         return figure_img(
             figure, "predicted step time per candidate: compute, exposed communication, loading"
         )
