@@ -28,7 +28,7 @@ from service.search.report_format import (
     throughput_unit,
 )
 from service.search.report_plan import winner_section
-from service.search.report_plots import throughput_memory_plot, time_breakdown_plot
+from service.search.report_plots import MAX_BARS, throughput_memory_plot, time_breakdown_plot
 from service.search.report_table import PLANNED, ranked_order, ranking_table
 
 RESULTS_FORMAT = "autoshard.search"
@@ -59,8 +59,7 @@ def render_report(results: dict[str, Any], results_dir: Path) -> str:
             "step-time",
             "Where the step time goes",
             time_breakdown_plot(ranked) or _none("No candidate is ranked."),
-            "Predicted step time of each ranked candidate, best at the top: compute, communication not "
-            "hidden behind compute, and loading the inputs.",
+            _time_caption(len(ranked)),
         ),
         _winner(ranked, results_dir, unit),
     ]
@@ -131,6 +130,18 @@ def _ranking_caption(unit: str) -> str:
         f"The search's ranking, rank 1 first; throughput in {unit}; click a column to sort. The gap is how "
         "far a plan may be from the best plan of its candidate (its solver's certificate). Infeasible rows "
         "show the smallest peak their plans could reach; failed rows their error."
+    )
+
+
+def _time_caption(ranked: int) -> str:
+    shown = (
+        f"the best {MAX_BARS} of the {ranked} ranked candidates"
+        if ranked > MAX_BARS
+        else "each ranked candidate"
+    )
+    return (
+        f"Predicted step time of {shown}, best at the top: compute, communication not hidden behind compute, "
+        "and loading the inputs."
     )
 
 

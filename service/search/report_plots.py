@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from matplotlib import rc_context
@@ -33,6 +35,17 @@ STYLE = {
     "axes.grid": True,
     "grid.alpha": 0.3,
 }
+
+
+_STYLE_LOCK = threading.Lock()
+
+
+@contextmanager
+def styled() -> Iterator[None]:
+    """The report's plot style while a figure is drawn and saved. matplotlib's settings are global, so one
+    figure is drawn at a time (a service may render reports in several threads)."""
+    with _STYLE_LOCK, rc_context(STYLE):
+        yield
 
 
 def figure_img(figure: Figure, alt: str) -> str:
@@ -66,7 +79,7 @@ def throughput_memory_plot(candidates: list[dict[str, Any]], pareto: Sequence[st
     sizes = [p[0] for c in feasible if (p := _point(c))] + floor + budgets
     scale, size_unit = memory_unit(max(sizes))
     unit = throughput_unit(candidates)
-    with rc_context(STYLE):
+    with styled():
         figure = new_figure(7.5, 4.2)
         axes = figure.add_subplot()
         front = [c for c in feasible if c.get("id") in set(pareto)]
@@ -148,7 +161,7 @@ def time_breakdown_plot(ranked: list[dict[str, Any]]) -> str | None:
     scale, unit = _time_unit(max(number(c["step_time_s"]) or 0.0 for c in rows))
     labels = [f"#{c.get('rank')}  {candidate_label(c)}" for c in rows]
     positions = list(range(len(rows)))
-    with rc_context(STYLE):
+    with styled():
         figure = new_figure(7.5, 1.2 + 0.28 * len(rows))
         axes = figure.add_subplot()
         left = [0.0] * len(rows)
@@ -178,7 +191,7 @@ def memory_profile_plot(profile: dict[str, Any], budget_bytes: float | None) -> 
     xs, ys = zip(*points, strict=True)
     peak = max(ys)
     scale, unit = memory_unit(max(peak, budget_bytes or 0))
-    with rc_context(STYLE):
+    with styled():
         figure = new_figure(7.5, 3.0)
         axes = figure.add_subplot()
         axes.fill_between(xs, [y / scale for y in ys], step="post", color=COMPUTE, alpha=0.25)

@@ -108,12 +108,15 @@ def _figures(candidate: dict[str, Any], status: str, unit: str, certificate: dic
             f'<td class="num">{esc(percent_text(certificate.get("gap")))}</td>',
         ]
     if status == "infeasible":
-        peak = size_text(candidate.get("min_peak_bytes"))
         budget = size_text(candidate.get("memory_budget_bytes"))
+        if number(candidate.get("min_peak_bytes")) is None:
+            text = f"no plan fits the budget of {budget}"
+        else:
+            text = f"smallest peak {size_text(candidate.get('min_peak_bytes'))} > budget {budget}"
         return [
             f'<td class="num">{DASH}</td>',
             f'<td class="num">{DASH}</td>',
-            f'<td class="over">smallest peak {esc(peak)} &gt; budget {esc(budget)}</td>',
+            f'<td class="over">{esc(text)}</td>',
             f'<td class="num">{DASH}</td>',
         ]
     error = candidate.get("error") or "no reason given"

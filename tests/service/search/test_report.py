@@ -67,6 +67,7 @@ def test_markup_anywhere_in_the_results_stays_text(search: Search) -> None:
     hostile["request"].update(model=evil, hardware=evil, executor=evil)
     for candidate in hostile["candidates"]:
         candidate["axis_names"] = [evil, "tp"]
+        candidate["mesh"] = [r"$\frac{", "$"]  # broken math text, were plot labels parsed as math
         candidate["id"] += evil
         if candidate["status"] == "failed":
             candidate["error"] = evil
