@@ -52,8 +52,9 @@ def render_report(results: dict[str, Any], results_dir: Path) -> str:
             "Throughput against memory",
             throughput_memory_plot(candidates, _pareto(results)) or _none("No candidate has a plan to draw."),
             "Each point is a candidate with a plan; the Pareto front (no other candidate is both faster and "
-            "smaller) is joined up, the winner starred. Infeasible candidates sit on the floor at the "
-            "smallest peak any of their plans could reach; the dashed line is the memory budget.",
+            "smaller) is joined up and labelled with mesh and batch (2x4 b16: a 2x4 mesh, batch 16), the "
+            "winner starred. Infeasible candidates sit on the floor at the smallest peak any of their plans "
+            "could reach; the dashed line is the memory budget.",
         ),
         _section(
             "step-time",

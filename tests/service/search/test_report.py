@@ -149,6 +149,21 @@ def test_results_of_another_kind_are_refused_naming_the_field(search: Search) ->
         render_report({**search[0], "candidates": "none"}, search[1])
 
 
+def test_a_search_without_any_plan_still_reads(search: Search) -> None:
+    results = copy.deepcopy(search[0])
+    results["candidates"] = [c for c in results["candidates"] if c["status"] == "failed"]
+    results["pareto"] = []
+    rendered = render_report(results, search[1])
+    parsed = parse(rendered)
+    assert parsed.problems == []
+    assert len(parsed.ranking_rows) == len(results["candidates"]) > 0
+    assert "No candidate has a plan: there is no winner." in rendered
+    assert "img" not in parsed.tags
+    empty = render_report({**results, "candidates": []}, search[1])
+    assert parse(empty).ranking_rows == []
+    assert "<span>candidates</span><b>0</b>" in empty
+
+
 def test_layers_with_the_same_placements_fold_into_ranges() -> None:
     parameters = {"embed.weight": ["S(0)"]}
     for layer in range(6):
