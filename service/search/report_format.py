@@ -39,6 +39,14 @@ def number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def count_text(value: Any) -> str:
+    """``4096`` -> ``4,096``; a fraction keeps three significant digits; not a number: a dash."""
+    count = number(value)
+    if count is None:
+        return DASH
+    return f"{count:,.0f}" if count.is_integer() else f"{count:.3g}"
+
+
 def seconds_text(value: Any) -> str:
     """``0.000192`` -> ``192 µs``; ``0.0123`` -> ``12.3 ms``: three significant digits."""
     seconds = number(value)

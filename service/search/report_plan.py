@@ -14,6 +14,7 @@ from typing import Any
 
 from service.search.report_format import (
     DASH,
+    count_text,
     esc,
     mapping,
     number,
@@ -188,7 +189,7 @@ def placement_html(text: str) -> str:
 def _collectives(predicted: dict[str, Any]) -> str:
     collectives = mapping(predicted, "collectives")
     rows = "".join(
-        f'<tr><td>{esc(kind)}</td><td class="num">{esc(_count(count))}</td></tr>'
+        f'<tr><td>{esc(kind)}</td><td class="num">{esc(count_text(count))}</td></tr>'
         for kind, count in sorted(collectives.items(), key=lambda kv: -(number(kv[1]) or 0))
     )
     if not rows:
@@ -203,11 +204,6 @@ def _collectives(predicted: dict[str, Any]) -> str:
         '<table class="collectives"><thead><tr><th>collective</th><th>count</th></tr></thead>'
         f"<tbody>{rows}</tbody></table>"
     )
-
-
-def _count(value: Any) -> str:
-    count = number(value)
-    return DASH if count is None else f"{count:g}"
 
 
 def _memory(predicted: dict[str, Any], budget: float | None) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from service.search.report_format import (
     DASH,
     axes_text,
+    count_text,
     esc,
     mapping,
     mesh_text,
@@ -85,11 +86,11 @@ def _row(candidate: dict[str, Any], unit: str) -> str:
     }
     data = " ".join(f'data-{k}="{esc(_sort_value(v))}"' for k, v in keys.items())
     cells = [
-        f'<td class="num">{_plain(rank)}</td>',
+        f'<td class="num">{count_text(rank)}</td>',
         f"<td><code>{esc(candidate.get('id', DASH))}</code></td>",
         f'<td class="nowrap">{esc(keys["mesh"])}</td>',
         f'<td class="nowrap">{esc(keys["axes"])}</td>',
-        f'<td class="num">{_plain(keys["batch"])}</td>',
+        f'<td class="num">{count_text(keys["batch"])}</td>',
         f'<td><span class="badge {_status_class(status)}">{esc(status)}</span></td>',
     ]
     cells += _figures(candidate, status, unit, certificate)
@@ -144,10 +145,6 @@ def _sort_value(value: Any) -> str:
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else repr(value)
     return str(value)
-
-
-def _plain(value: float | None) -> str:
-    return DASH if value is None else f"{value:g}"
 
 
 def _status_class(status: str) -> str:

@@ -135,7 +135,7 @@ def test_winner_summary_shows_its_plan(page: str, search: Search) -> None:
         assert esc(name) in summary
         assert all(entry in summary for entry in spec)
     for kind, count in plan["predicted"]["collectives"].items():
-        assert f'<td>{kind}</td><td class="num">{count}</td>' in summary
+        assert f'<td>{kind}</td><td class="num">{count:,}</td>' in summary
     assert "Memory over the step" in summary
     assert "no memory profile" not in summary
 
