@@ -48,8 +48,12 @@ test: setup postgres chromium
 	$(BIN)/python -m pytest
 
 # The public contest instances A, M, S: from IOPDDL_DATA (or $AUTOSHARD_IOPDDL_DATA, or ../shared beside the clone).
+# With IOPDDL_WINNER=BIN (or $AUTOSHARD_IOPDDL_WINNER): side by side with the contest winner's binary, every
+# instance A..Y (or IOPDDL_INSTANCES=B,G,V) at IOPDDL_TIME_LIMIT seconds (default 60). benchmarks/README.md.
 bench: setup
-	$(BIN)/python benchmarks/iopddl.py --threads 2 $(if $(IOPDDL_DATA),--data $(IOPDDL_DATA))
+	$(BIN)/python benchmarks/iopddl.py --threads 2 $(if $(IOPDDL_DATA),--data $(IOPDDL_DATA)) \
+		$(if $(IOPDDL_WINNER),--against $(IOPDDL_WINNER)) $(if $(IOPDDL_INSTANCES),--instances $(IOPDDL_INSTANCES)) \
+		$(if $(IOPDDL_TIME_LIMIT),--time-limit $(IOPDDL_TIME_LIMIT))
 
 lint: setup
 	$(BIN)/ruff check .

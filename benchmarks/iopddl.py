@@ -2,11 +2,18 @@
 
     python benchmarks/iopddl.py [--instances A,G,M,S] [--backends cbc,highs,cpsat,auto] [--threads 2]
                                 [--time-scale 1.0] [--data DIR] [--out results/iopddl.json]
+    python benchmarks/iopddl.py --against WINNER_BINARY [--instances A,...,Y] [--time-limit 60] [--threads 2]
+                                [--data DIR] [--out results/iopddl-vs-winner.json]
 
 Reference costs are the best final results of the ASPLOS 2025 contest (8 cores, same limits). Instance G is
 bundled (`benchmarks/data/iopddl`); A, M and S are read from `--data DIR`, else `$AUTOSHARD_IOPDDL_DATA`,
 else `../shared/benchmarks/iopddl` beside the clone when it exists. The public instances are published in
 the google/iopddl repository.
+
+`--against` (or `$AUTOSHARD_IOPDDL_WINNER`) runs the side-by-side mode (`benchmarks/iopddl_winner.py`): on
+each instance (default all 25, A to Y; those not found are rows that say so), `autoshard solve --backend
+auto` in a fresh process, then the contest winner's binary, with the same time limit and threads; both costs
+recomputed by `solver.evaluate`, the ratio autoshard / winner and its geometric mean.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import iopddl_winner
 from solver import iopddl
 from solver.errors import InfeasibleError
 from solver.solve import solve, warm_up_kernels
@@ -34,6 +42,8 @@ INSTANCES = {
     "M": (180.0, 49_928_460_991),
     "S": (240.0, 1_534_613_444),
 }
+#: Every public contest instance (the side-by-side mode; the table above has limits and references).
+ALL_INSTANCES = tuple("ABCDEFGHIJKLMNOPQRSTUVWXY")
 COLUMNS = (
     "instance",
     "nodes",
@@ -129,19 +139,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--instances", default="A,G,M,S")
+    parser.add_argument("--instances", default=None, help="default A,G,M,S; with --against every one, A..Y")
     parser.add_argument("--backends", default="cbc,highs,cpsat,auto")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every contest limit")
     parser.add_argument(
         "--data", type=Path, default=None, help=f"directory of the instances (default ${DATA_VARIABLE})"
     )
-    parser.add_argument("--out", type=Path, default=Path("results/iopddl.json"))
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=os.environ.get(iopddl_winner.WINNER_VARIABLE) or None,
+        help=f"the contest winner's binary: side by side (default ${iopddl_winner.WINNER_VARIABLE})",
+    )
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds for each, with --against")
+    parser.add_argument("--out", type=Path, default=None, help="default results/iopddl[-vs-winner].json")
     args = parser.parse_args()
-    instances = args.instances.split(",")
-    unknown = [name for name in instances if name not in INSTANCES]
+    if args.against is not None:
+        rows = _against(args)
+        out, text = args.out or Path("results/iopddl-vs-winner.json"), iopddl_winner.table(rows)
+    else:
+        rows = _backends(args)
+        out, text = args.out or Path("results/iopddl.json"), table(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1))
+    print(text)
+
+
+def _named(instances: str | None, default: tuple[str, ...], known: tuple[str, ...]) -> list[str]:
+    names = instances.split(",") if instances else list(default)
+    unknown = [name for name in names if name not in known]
     if unknown:
-        sys.exit(f"iopddl: --instances: unknown {', '.join(unknown)}; choose from {', '.join(INSTANCES)}")
+        sys.exit(f"iopddl: --instances: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    return names
+
+
+def _backends(args: argparse.Namespace) -> list[dict]:
+    """Each instance at its contest limit on each backend, in this process."""
+    instances = _named(args.instances, tuple(INSTANCES), tuple(INSTANCES))
     dirs = data_dirs(args.data)
     paths, missing = find_instances(instances, dirs)
     if missing:
@@ -157,9 +192,35 @@ def main() -> None:
             print(f"... {instance} on {backend}", file=sys.stderr, flush=True)
             rows.append(run(paths[instance], instance, backend, args.threads, args.time_scale))
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=1))
-    print(table(rows))
+    return rows
+
+
+def _against(args: argparse.Namespace) -> list[dict]:
+    """Each instance: autoshard, then the winner's binary, same limit and threads (instances not found are
+    rows that say where they were looked for)."""
+    if not os.access(args.against, os.X_OK):
+        sys.exit(f"iopddl: --against: {args.against} is not an executable (the contest winner's binary)")
+    instances = _named(args.instances, ALL_INSTANCES, ALL_INSTANCES)
+    dirs = data_dirs(args.data)
+    paths, missing = find_instances(instances, dirs)
+    rows = []
+    for instance in instances:
+        if instance in missing:
+            rows.append(iopddl_winner.missing_row(instance, f"not found in {', '.join(map(str, dirs))}"))
+        else:
+            print(
+                f"... {instance}: autoshard, then the winner, {args.time_limit:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            problem = iopddl.load(paths[instance])
+            rows.append(
+                iopddl_winner.side_by_side(
+                    instance, paths[instance], problem, args.against, args.time_limit, args.threads
+                )
+            )
+        print(iopddl_winner.table(rows[-1:]).splitlines()[2], file=sys.stderr, flush=True)
+    return rows
 
 
 if __name__ == "__main__":
