@@ -46,12 +46,12 @@ def _parameter_lines(parameters: dict[str, list[str]]) -> list[str]:
             singles.append((name, text))
     rows = [(name, text) for name, text in singles]
     for (pattern, text), layers in groups.items():
-        rows.append((pattern.replace("{i}", _ranges(sorted(layers))), text))
+        rows.append((pattern.replace("{i}", f"[{layer_ranges(sorted(layers))}]"), text))
     width = max((len(n) for n, _ in rows), default=0)
     return [f"  {name:<{width}}  {text}" for name, text in rows]
 
 
-def _ranges(values: list[int]) -> str:
+def layer_ranges(values: list[int], dash: str = "-", separator: str = ",") -> str:
     """``[0, 1, 2, 5]`` -> ``0-2,5``."""
     parts: list[str] = []
     start = prev = values[0]
@@ -59,10 +59,10 @@ def _ranges(values: list[int]) -> str:
         if v is not None and v == prev + 1:
             prev = v
             continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        parts.append(str(start) if start == prev else f"{start}{dash}{prev}")
         if v is not None:
             start = prev = v
-    return "[" + ",".join(parts) + "]"
+    return separator.join(parts)
 
 
 def _time_lines(predicted: dict[str, Any]) -> list[str]:

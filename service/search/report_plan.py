@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from service.plan_view import layer_ranges
 from service.search.report_format import (
     DASH,
     count_text,
@@ -73,20 +74,6 @@ def fold_layers(parameters: dict[str, Any]) -> list[tuple[str, str] | LayerGroup
     return rows
 
 
-def layer_ranges(values: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0–2, 5``."""
-    parts: list[str] = []
-    start = previous = values[0]
-    for value in [*values[1:], None]:
-        if value is not None and value == previous + 1:
-            previous = value
-            continue
-        parts.append(str(start) if start == previous else f"{start}–{previous}")
-        if value is not None:
-            start = previous = value
-    return ", ".join(parts)
-
-
 def spec_text(spec: Any) -> str:
     """``["S(0)", "R"]`` -> ``[S(0), R]`` (plain text); ``None`` (no tensor) -> a dash."""
     if isinstance(spec, (list, tuple)):
@@ -140,7 +127,7 @@ def _placements(plan: dict[str, Any]) -> str:
     body: list[str] = []
     for row in rows:
         if isinstance(row, LayerGroup):
-            label = f"{row.stack.rstrip('.')} {layer_ranges(row.layers)}"
+            label = f"{row.stack.rstrip('.')} {layer_ranges(row.layers, '–', ', ')}"
             for k, (rest, text) in enumerate(row.pattern):
                 head = f'<td rowspan="{len(row.pattern)}" class="layers">{esc(label)}</td>' if k == 0 else ""
                 body.append(_placement_row(head, rest, text, first=k == 0))

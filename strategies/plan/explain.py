@@ -15,6 +15,7 @@ the result records whether the mapped assignment reproduces the plan's predicted
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import math
@@ -139,23 +140,35 @@ def _rank_key(option: dict[str, Any]) -> tuple[float, int]:
 
 
 def explain_plan_file(plan_path: str | Path, target: str, progress: Any = None) -> dict[str, Any]:
-    """Explain ``target`` in a plan JSON: rebuild its problem from ``plan["request"]``, map the plan's
-    placements back onto strategy indices (see the module docstring) and :func:`explain`. ``progress`` hears
-    one line before the rebuild (the re-plan's own phases are not the user's business)."""
+    """:func:`explain_plan` of the plan JSON in ``plan_path``; the report's ``plan`` names the file."""
     plan = json.loads(Path(plan_path).read_text(encoding="utf-8"))
+    report = explain_plan(plan, target, progress)
+    report["plan"] = {"path": str(plan_path), **report["plan"]}
+    return report
+
+
+def explain_plan(plan: dict[str, Any], target: str, progress: Any = None) -> dict[str, Any]:
+    """Explain ``target`` in a plan: rebuild its problem from ``plan["request"]`` (hardware figures sent as
+    a mapping expanded first), map the plan's placements back onto strategy indices (see the module
+    docstring) and :func:`explain`. ``progress`` hears one line before the rebuild (the re-plan's own phases
+    are not the user's business). Raises :class:`UnknownTarget` before any work."""
+    from strategies.cost.hardware import override_hardware
+    from strategies.plan.plan_json import predict
+
     check_target_in_plan(plan, target)
     if progress is not None:
         model = plan.get("request", {}).get("model", "the plan")
         progress(f"rebuilding the problem of {model} from the plan's request")
-    built, fallback = rebuild(plan)
+    rebuilt_from = plan
+    if isinstance(plan.get("request", {}).get("hardware"), dict):
+        rebuilt_from = copy.deepcopy(plan)
+        rebuilt_from["request"]["hardware"] = override_hardware(plan["request"]["hardware"])
+    built, fallback = rebuild(rebuilt_from)
     chosen, unmapped = solution_from_plan(built, plan, fallback)
     report = explain(built, chosen, target)
-    from strategies.plan.plan_json import predict
-
     predicted = predict(built, chosen)["step_time_s"]
     recorded = plan.get("predicted", {}).get("step_time_s")
     report["plan"] = {
-        "path": str(plan_path),
         "step_time_s": recorded,
         "mapped_step_time_s": predicted,
         "consistent": recorded is not None and math.isclose(predicted, recorded, rel_tol=1e-6, abs_tol=1e-12),

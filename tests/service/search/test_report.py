@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
+from service.plan_view import layer_ranges
 from service.search.report import render_report, write_report
 from service.search.report_format import esc, size_text
-from service.search.report_plan import LayerGroup, fold_layers, layer_ranges
+from service.search.report_plan import LayerGroup, fold_layers
 from strategies.plan.planner import PlanRequest, plan_model
 from tests.service.search.report_page import parse
 from tests.service.search.report_results import HOSTILE_MODEL, build_results
@@ -192,7 +193,7 @@ def test_layers_with_the_same_placements_fold_into_ranges() -> None:
     assert rows[0] == ("embed.weight", "[S(0)]")
     assert rows[-1] == ("norm.weight", "[R]")
     groups = rows[1:-1]
-    assert [(g.stack, layer_ranges(g.layers)) for g in groups if isinstance(g, LayerGroup)] == [
+    assert [(g.stack, layer_ranges(g.layers, "–", ", ")) for g in groups if isinstance(g, LayerGroup)] == [
         ("layers.", "0, 5"),
         ("layers.", "1–4"),
     ]
