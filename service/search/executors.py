@@ -12,14 +12,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
 
 from service.search.task import CandidateTask, plan_candidate
 
-Work = list[tuple[CandidateTask, dict[str, Any]]]
-"""Tasks with the graph document each is planned from (shared, not copied, between tasks)."""
+Work = Iterable[tuple[CandidateTask, dict[str, Any]]]
+"""Tasks with the graph document each is planned from (shared, not copied, between tasks), handed over
+as they are produced (a configuration's candidates as soon as it is captured)."""
 
 
 class Executor(Protocol):

@@ -10,7 +10,7 @@ planned before, by the service or an earlier search, are read back instead of pl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -76,14 +76,16 @@ def run_search(
             if candidate.id in cached:
                 plan = cached[candidate.id]
                 record(candidate, {"status": plan["solver"]["status"], "plan": plan, "seconds": 0.0})
-        work, failed = _work(request, [c for c in candidates if c.id not in cached], say)
         by_id = {c.id: c for c in candidates}
-        for candidate, reason in failed:
+
+        def capture_failed(candidate: Candidate, reason: str) -> None:
             record(candidate, {"status": FAILED, "error": reason, "seconds": 0.0})
-        if work:
-            executor = executor or make_executor(request.executor, min(request.workers, len(work)))
+
+        todo = [c for c in candidates if c.id not in cached]
+        if todo:
+            executor = executor or make_executor(request.executor, min(request.workers, len(todo)))
             try:
-                for outcome in executor.run(work):
+                for outcome in executor.run(_work(request, todo, capture_failed, say)):
                     candidate = by_id[outcome["id"]]
                     record(candidate, outcome)
                     if cache is not None and outcome.get("plan") is not None:
@@ -102,32 +104,33 @@ def run_search(
 
 
 def _work(
-    request: SearchRequest, candidates: list[Candidate], say: Callable[[str], None]
-) -> tuple[list[tuple[CandidateTask, dict[str, Any]]], list[tuple[Candidate, str]]]:
-    """Each candidate with the graph document of its configuration, captured once per batch; the
-    candidates of a configuration whose capture failed, with the reason."""
+    request: SearchRequest,
+    candidates: list[Candidate],
+    capture_failed: Callable[[Candidate, str], None],
+    say: Callable[[str], None],
+) -> Iterator[tuple[CandidateTask, dict[str, Any]]]:
+    """Each candidate with the graph document of its configuration, captured once per batch: a batch's
+    candidates are handed over as soon as it is captured (workers plan them while the next batch is
+    captured), the meshes of more axes first (they take longest: the pool ends more evenly). The candidates
+    of a configuration that cannot be captured go to ``capture_failed`` with the reason."""
     from strategies.graph.export import graph_digest
     from strategies.plan.planner import export_request_graph
 
-    documents: dict[int, tuple[str, dict[str, Any]] | str] = {}
-    work, failed = [], []
+    batches: dict[int, list[Candidate]] = {}
     for candidate in candidates:
-        plan_request = request.plan_request(candidate)
-        if candidate.batch not in documents:
-            say(f"capturing {request.model} at batch {candidate.batch}")
-            try:
-                document = export_request_graph(plan_request)
-                documents[candidate.batch] = (graph_digest(document), document)
-            except Exception as error:
-                first_line = (str(error).splitlines() or [""])[0]
-                documents[candidate.batch] = f"capture failed: {type(error).__name__}: {first_line}"
-        captured = documents[candidate.batch]
-        if isinstance(captured, str):
-            failed.append((candidate, captured))
+        batches.setdefault(candidate.batch, []).append(candidate)
+    for batch, group in batches.items():
+        say(f"capturing {request.model} at batch {batch}")
+        try:
+            document = export_request_graph(request.plan_request(group[0]))
+        except Exception as error:
+            first_line = (str(error).splitlines() or [""])[0]
+            for candidate in group:
+                capture_failed(candidate, f"capture failed: {type(error).__name__}: {first_line}")
             continue
-        digest, document = captured
-        work.append((CandidateTask(candidate.id, plan_request, digest), document))
-    return work, failed
+        digest = graph_digest(document)
+        for candidate in sorted(group, key=lambda c: -len(c.mesh)):
+            yield CandidateTask(candidate.id, request.plan_request(candidate), digest), document
 
 
 def sequence_of(request: SearchRequest) -> int | None:
