@@ -33,6 +33,7 @@ FORBIDDEN_COST = 1e18
 INTEGRAL_CHECK_CHUNK = 1 << 16
 """Costs read at a time by :attr:`Problem.is_integral`."""
 
+
 @dataclass(frozen=True, eq=False)
 class Problem:
     """A whole-graph strategy selection problem (see the module docstring)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -100,7 +100,9 @@ class SearchSubmission(Strict):
     devices: int = Field(ge=1, le=4096, description="devices to lay the model over")
     hardware: str = Field("h100", max_length=64, description="a preset, see GET /v1/hardware")
     memory_gib: float | None = Field(None, gt=0, description="per-device memory budget, GiB")
-    batch_sizes: list[int] = Field([8], min_length=1, max_length=16, description="global batches to try")
+    batch_sizes: list[Annotated[int, Field(ge=1, le=2**31)]] = Field(
+        [8], min_length=1, max_length=16, description="global batches to try"
+    )
     seq: int | None = Field(None, ge=1, le=2**31, description="sequence length")
     layers: int | None = Field(None, ge=1, le=1024, description="the model's depth")
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"

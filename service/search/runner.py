@@ -82,15 +82,17 @@ def run_search(
             record(candidate, {"status": FAILED, "error": reason, "seconds": 0.0})
 
         todo = [c for c in candidates if c.id not in cached]
-        if todo:
-            executor = executor or make_executor(request.executor, min(request.workers, len(todo)))
-            try:
-                for outcome in executor.run(_work(request, todo, capture_failed, say)):
-                    candidate = by_id[outcome["id"]]
-                    record(candidate, outcome)
-                    if cache is not None and outcome.get("plan") is not None:
-                        cache.put(keys[candidate.id], outcome["plan"], outcome["seconds"])
-            finally:
+        if todo and executor is None:
+            executor = make_executor(request.executor, min(request.workers, len(todo)))
+        work = _work(request, todo, capture_failed, say)
+        try:
+            for outcome in executor.run(work) if executor is not None else ():
+                candidate = by_id[outcome["id"]]
+                record(candidate, outcome)
+                if cache is not None and outcome.get("plan") is not None:
+                    cache.put(keys[candidate.id], outcome["plan"], outcome["seconds"])
+        finally:
+            if executor is not None:
                 executor.close()
     finally:
         if cache is not None:
