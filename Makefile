@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 IOPDDL := benchmarks/data/iopddl
 
-.PHONY: setup postgres demo test bench lint clean
+.PHONY: setup postgres chromium demo test bench lint clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,14 @@ postgres:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	else echo "autoshard: install PostgreSQL (initdb, pg_ctl): the service's tests start a throwaway server"; fi
+
+# Chromium for the report's headless-browser test (Playwright drives it; no browser is downloaded): Debian's
+# package when chromium is missing and we are root (CI is); otherwise say what to install.
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "autoshard: install Chromium (Debian's chromium package, /usr/bin/chromium): the report's browser test drives it"; fi
 
 # Installs torch first (pinned: a bare `torch` requirement would pull a CUDA build), then the project.
 $(STAMP): pyproject.toml
@@ -36,7 +44,7 @@ demo: setup
 	@echo "== autoshard plan: a 2-layer MLP on a mesh of 4 with a big batch (data parallel is optimal) =="
 	$(BIN)/autoshard plan --model mlp --mesh 4 --batch 65536 --out results-plan-mlp.json --time-limit 30 --quiet
 
-test: setup postgres
+test: setup postgres chromium
 	$(BIN)/python -m pytest
 
 # The public contest instances A, M, S: from IOPDDL_DATA (or $AUTOSHARD_IOPDDL_DATA, or ../shared beside the clone).

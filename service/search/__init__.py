@@ -1,1 +1,2 @@
-"""Batch plan search: every mesh shape and batch for a model on N devices, planned, ranked and written out."""
+"""Batch plan search: candidates over mesh shapes and batches, planned from one capture per configuration,
+ranked, with a report."""

@@ -57,6 +57,23 @@ def test_run_checks_against_one_process_and_writes_the_report(mlp_plan: Path, tm
     assert "check: loss, gradients and parameters equal one process" in run.stdout
 
 
+def test_a_plan_from_a_launchers_graph_runs_on_the_launchers_module(tmp_path: Path) -> None:
+    """export-graph -> plan --graph (no model code) -> run on the module the graph came from, checked."""
+    factory = f"{ROOT / 'tests/strategies/models/user_models/hf_llama.py'}:factory"
+    graph, plan = tmp_path / "graph.json", tmp_path / "plan.json"
+    exported = command("export-graph", "--model", factory, "-o", str(graph))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    planned = command(
+        "plan", "--graph", str(graph), "--mesh", "2x2", "--baseline", "fsdp_tp", "--out", str(plan), "--quiet"
+    )
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert json.loads(plan.read_text())["request"]["graph"]["sha256"]
+    run = command("run", "--model", factory, "--plan", str(plan), "--nproc", "4", "--check")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "collectives: as planned" in run.stdout
+    assert "check: loss, gradients and parameters equal one process" in run.stdout
+
+
 def test_run_is_a_rank_of_torchrun(mlp_plan: Path) -> None:
     launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4")
     run = command("run", "--model", "mlp", "--plan", str(mlp_plan), "--check", launcher=launcher)
