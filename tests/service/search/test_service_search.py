@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from service.app.main import create_app
 from service.app.settings import Settings
-from service.search.report_page import report_renderer
+from service.search import report_page
 from service.search.runner import run_search, search_candidates
 from tests.service.search.conftest import MLP_OPTIONS, mlp_search
 
@@ -52,7 +52,9 @@ def wait_done(client: TestClient, location: str, timeout_s: float = 150) -> dict
     raise AssertionError(f"the search did not finish in {timeout_s} s: {search}")
 
 
-def test_a_search_runs_as_a_job_and_serves_its_results_and_report(service, tmp_path: Path) -> None:
+def test_a_search_runs_as_a_job_and_serves_its_results_and_report(
+    service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client, search_dir = service
     submitted = client.post("/v1/searches", json=BODY)
     assert submitted.status_code == 202
@@ -73,10 +75,12 @@ def test_a_search_runs_as_a_job_and_serves_its_results_and_report(service, tmp_p
     assert (search_dir / search["id"] / "results.json").exists()
 
     report = client.get(f"{location}/report")
-    if report_renderer() is None:
-        assert report.status_code == 501 and "report module" in report.json()["detail"]
-    else:
-        assert report.status_code == 200 and report.headers["content-type"].startswith("text/html")
+    assert report.status_code == 200 and report.headers["content-type"].startswith("text/html")
+    assert all(f">{row['id']}<" in report.text for row in served["candidates"])
+    with monkeypatch.context() as patch:  # a service built without the report module says so
+        patch.setattr(report_page, "report_renderer", lambda: None)
+        missing = client.get(f"{location}/report")
+    assert missing.status_code == 501 and "report module" in missing.json()["detail"]
 
     job = client.get(f"/v1/jobs/{search['id']}").json()
     assert job["kind"] == "search" and job["plan_url"] == location
