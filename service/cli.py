@@ -426,7 +426,7 @@ def search_command(
             batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
             seq=seq,
             max_mesh_dims=max_mesh_dims,
-            executor=executor,
+            executor="ray" if os.environ.get("RAY_ADDRESS") else executor,
             workers=workers or os.cpu_count() or 1,
             time_limit_s=time_limit,
             gap=gap,

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
 
-from service.search.task import CandidateTask, plan_candidate
+from service.search.task import FAILED, CandidateTask, plan_candidate
 
 Work = Iterable[tuple[CandidateTask, dict[str, Any]]]
 """Tasks with the graph document each is planned from (shared, not copied, between tasks), handed over
@@ -56,11 +56,17 @@ class LocalPoolExecutor:
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
-        pending: set[Future] = {self.pool.submit(plan_candidate, task, graph) for task, graph in work}
+        ids: dict[Future, str] = {
+            self.pool.submit(plan_candidate, task, graph): task.candidate_id for task, graph in work
+        }
+        pending = set(ids)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                yield future.result()
+                try:
+                    yield future.result()
+                except Exception as error:  # the worker process died (killed, out of memory)
+                    yield lost(ids[future], error)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -84,19 +90,37 @@ class RayExecutor:
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
         ray = self.ray
         shared: dict[int, Any] = {}
-        pending = []
+        pending, ids = [], {}
         for task, graph in work:
             ref = shared.get(id(graph))
             if ref is None:
                 ref = shared[id(graph)] = ray.put(graph)
-            pending.append(self.remote.remote(task, ref))
+            answer = self.remote.remote(task, ref)
+            pending.append(answer)
+            ids[answer] = task.candidate_id
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            yield from ray.get(done)
+            try:
+                yield from ray.get(done)
+            except Exception as error:  # the task's worker died
+                yield lost(ids[done[0]], error)
 
     def close(self) -> None:
         if self.started_here:
             self.ray.shutdown()
+
+
+def lost(candidate_id: str, error: BaseException) -> dict[str, Any]:
+    """The outcome of a candidate whose worker died before answering: failed, with the reason."""
+    first_line = (str(error).splitlines() or [""])[0]
+    return {
+        "id": candidate_id,
+        "status": FAILED,
+        "plan": None,
+        "min_peak_bytes": None,
+        "error": f"worker lost: {type(error).__name__}: {first_line}",
+        "seconds": 0.0,
+    }
 
 
 def make_executor(name: str, workers: int) -> Executor:

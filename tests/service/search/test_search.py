@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -148,4 +149,23 @@ def test_a_configuration_that_cannot_be_captured_fails_its_candidates_only(tmp_p
     results = run_search(mlp_search(options={"no_such_option": 1}, batch_sizes=[64], workers=1), tmp_path)
     assert {row["status"] for row in results["candidates"]} == {"failed"}
     assert all(row["error"].startswith("capture failed:") for row in results["candidates"])
+    assert json.loads((tmp_path / "results.json").read_text())["candidates"]
+
+
+def test_a_worker_process_that_dies_is_reported_and_the_search_still_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = planner.plan_captured
+
+    def dies_on_2x2x2(request, graph, repeat, progress=None):
+        if request.mesh == "2x2x2":
+            os._exit(3)  # the pool's workers are forked: they carry this patch
+        return real(request, graph, repeat, progress)
+
+    monkeypatch.setattr(planner, "plan_captured", dies_on_2x2x2)
+    results = run_search(mlp_search(batch_sizes=[64], workers=2), tmp_path)
+    assert len(results["candidates"]) == 4
+    by_mesh = {tuple(row["mesh"]): row for row in results["candidates"]}
+    assert by_mesh[(2, 2, 2)]["status"] == "failed"
+    assert by_mesh[(2, 2, 2)]["error"].startswith("worker lost: BrokenProcessPool")
     assert json.loads((tmp_path / "results.json").read_text())["candidates"]
