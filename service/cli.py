@@ -357,6 +357,110 @@ def run_command(
         typer.echo(report_text(result))
 
 
+@app.command("search")
+def search_command(
+    model: Annotated[
+        str, typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory")
+    ],
+    devices: Annotated[int, typer.Option(help="devices to lay the model over", min=1)],
+    out: Annotated[Path, typer.Option(help="results folder (results.json, results.csv, plans/)")] = Path(
+        "search-results"
+    ),
+    hardware: Annotated[str, typer.Option(help="h100, h200, a100, b200, cpu or a .json/.yaml file")] = "h100",
+    memory_gib: Annotated[float | None, typer.Option("--memory-gib", help="per-device budget, GiB")] = None,
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="global batches, e.g. 8,16,32")] = "8",
+    seq: Annotated[int | None, typer.Option(help="sequence length", min=1)] = None,
+    layers: Annotated[int | None, typer.Option(help="override the model's depth", min=1)] = None,
+    options: Annotated[
+        str | None, typer.Option(help="model configuration overrides as JSON, e.g. '{\"dim\": 128}'")
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="parameter dtype")] = "bfloat16",
+    max_mesh_dims: Annotated[
+        int, typer.Option("--max-mesh-dims", help="mesh axes at most", min=1, max=3)
+    ] = 3,
+    executor: Annotated[
+        str, typer.Option(help="local (a process pool) or ray (also when RAY_ADDRESS is set)")
+    ] = ("local"),
+    workers: Annotated[
+        int | None, typer.Option(help="candidates planned at once (default: cores)", min=1)
+    ] = None,
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="solver seconds per candidate", min=0.1)
+    ] = 60.0,
+    gap: Annotated[
+        float, typer.Option(help="stop once proven within this share of the optimum (0: prove)", min=0, max=1)
+    ] = 0.01,
+    backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
+    overlap: Annotated[
+        float,
+        typer.Option(help="fraction of parameter gathers / gradient reductions hidden", min=0, max=0.99),
+    ] = 0.0,
+    cache: Annotated[
+        str | None,
+        typer.Option(
+            help="the service's database URL: reuse its plans and store new ones (AUTOSHARD_DATABASE_URL)"
+        ),
+    ] = None,
+    top: Annotated[int, typer.Option(help="rows of the ranking table", min=1)] = 10,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
+) -> None:
+    """Plan every mesh of N devices (1, 2 or 3 axes) times the batch sizes; rank them by throughput.
+
+    Writes results.json, results.csv, plans/<id>.json and report.html (when the report module is there)
+    under --out, and prints the ranking. Exit 0 when the search ran (infeasible and failed candidates are
+    reported in the results), 2 for bad input.
+    """
+    from rich.console import Console
+
+    from service.search.display import SearchProgress, ranking_table, status_counts
+    from service.search.report_page import write_report
+    from service.search.request import SearchRequest
+    from service.search.runner import run_search
+
+    try:
+        request = SearchRequest(
+            model=model,
+            devices=devices,
+            hardware=hardware,
+            memory_gib=memory_gib,
+            batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
+            seq=seq,
+            max_mesh_dims=max_mesh_dims,
+            executor="ray" if os.environ.get("RAY_ADDRESS") else executor,
+            workers=workers or os.cpu_count() or 1,
+            time_limit_s=time_limit,
+            gap=gap,
+            backend=backend,
+            dtype=dtype,
+            layers=layers,
+            options=json.loads(options) if options else {},
+            overlap=overlap,
+        )
+    except (ValueError, json.JSONDecodeError) as error:
+        _fail(str(error), EXIT_BAD_INPUT)
+    console = Console(stderr=True, quiet=quiet, width=None if sys.stderr.isatty() else 160)
+    progress = SearchProgress(console)
+    cache_url = cache or os.environ.get("AUTOSHARD_DATABASE_URL")
+    try:
+        results = run_search(request, out, progress, cache_url=cache_url, say=console.print)
+    except ValueError as error:
+        _fail(str(error), EXIT_BAD_INPUT)
+    finally:
+        progress.stop()
+    report = write_report(results, out)
+    Console(width=None if sys.stdout.isatty() else 160).print(ranking_table(results, top))
+    counts = ", ".join(f"{n} {status}" for status, n in status_counts(results).items())
+    typer.echo(f"{counts}; results in {out / 'results.json'}" + (f", report {report}" if report else ""))
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        _fail(f"{option}: expected integers joined by commas such as 8,16,32, got {text!r}", EXIT_BAD_INPUT)
+    return values
+
+
 @app.command("serve")
 def serve_command(
     host: Annotated[str | None, typer.Option(help="address to listen on [env AUTOSHARD_HOST]")] = None,

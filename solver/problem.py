@@ -30,6 +30,10 @@ from solver.errors import ProblemError
 FORBIDDEN_COST = 1e18
 
 
+INTEGRAL_CHECK_CHUNK = 1 << 16
+"""Costs read at a time by :attr:`Problem.is_integral`."""
+
+
 @dataclass(frozen=True, eq=False)
 class Problem:
     """A whole-graph strategy selection problem (see the module docstring)."""
@@ -238,11 +242,15 @@ class Problem:
 
     @cached_property
     def is_integral(self) -> bool:
-        """True when every finite cost is an integer (IOPDDL problems are)."""
-        finite = np.concatenate(
-            [self.costs[np.isfinite(self.costs)], self.edge_costs[np.isfinite(self.edge_costs)]]
-        )
-        return bool(np.all(finite == np.round(finite)))
+        """True when every finite cost is an integer (IOPDDL problems are). Read a slice at a time, so a
+        problem of costs in seconds (tens of millions of edge costs) is answered at its first fraction."""
+        for costs in (self.costs, self.edge_costs):
+            for start in range(0, len(costs), INTEGRAL_CHECK_CHUNK):
+                chunk = costs[start : start + INTEGRAL_CHECK_CHUNK]
+                finite = chunk[np.isfinite(chunk)]
+                if not np.all(finite == np.round(finite)):
+                    return False
+        return True
 
     # ----------------------------------------------------------------- identity
     @cached_property
@@ -274,7 +282,7 @@ class Problem:
 
 def _flat_float(parts: list[np.ndarray]) -> np.ndarray:
     flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
-    flat = flat.astype(np.float64)
+    flat = flat.astype(np.float64, copy=False)  # concatenate made a new array: no second copy
     flat[flat >= FORBIDDEN_COST] = math.inf
     return flat
 

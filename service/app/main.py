@@ -15,7 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from service.app.errors import install_error_handlers
 from service.app.middleware import BodyLimit, RequestTimer
-from service.app.routes import hardware, health, jobs, models, plans, solve
+from service.app.routes import hardware, health, jobs, models, plans, searches, solve
 from service.app.settings import Settings, get_settings
 from service.jobs.metrics import Metrics
 from service.jobs.runner import JobRunner
@@ -61,7 +61,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.plan_cache = PlanCache(settings.plan_cache_bytes)
     _explain_pool(app)
-    for router in (plans.router, jobs.router, solve.router, models.router, hardware.router, health.router):
+    routers = (plans, searches, jobs, solve, models, hardware, health)
+    for router in (module.router for module in routers):
         app.include_router(router)
     install_error_handlers(app)
     if settings.cors_origins:

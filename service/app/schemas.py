@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,7 +70,7 @@ class JobError(BaseModel):
 
 class JobOut(BaseModel):
     id: str
-    kind: Literal["plan", "solve"]
+    kind: Literal["plan", "solve", "search"]
     state: JobState
     problem_hash: str
     created_at: float
@@ -87,6 +87,51 @@ class JobPage(BaseModel):
     total: int
     limit: int
     offset: int
+
+
+class SearchSubmission(Strict):
+    """A plan search: every mesh of ``devices`` (1 to ``max_mesh_dims`` axes) times ``batch_sizes``, each
+    planned with ``solver`` (its time limit is per candidate)."""
+
+    model: str = Field(max_length=64, description="a built-in model, see GET /v1/models")
+    options: dict[str, int | float | bool | str] = Field(
+        default_factory=dict, max_length=64, description="the model's configuration overrides"
+    )
+    devices: int = Field(ge=1, le=4096, description="devices to lay the model over")
+    hardware: str = Field("h100", max_length=64, description="a preset, see GET /v1/hardware")
+    memory_gib: float | None = Field(None, gt=0, description="per-device memory budget, GiB")
+    batch_sizes: list[Annotated[int, Field(ge=1, le=2**31)]] = Field(
+        [8], min_length=1, max_length=16, description="global batches to try"
+    )
+    seq: int | None = Field(None, ge=1, le=2**31, description="sequence length")
+    layers: int | None = Field(None, ge=1, le=1024, description="the model's depth")
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    max_mesh_dims: int = Field(3, ge=1, le=3, description="mesh axes at most")
+    solver: SolverOptions = Field(default_factory=SolverOptions)
+    overlap: float = Field(0.0, ge=0, lt=1, description="share of gathers / reductions hidden by compute")
+    captured_layers: int | None = Field(4, ge=0, le=1024, description="layers captured for deep models")
+
+
+class SearchProgress(BaseModel):
+    done: int = 0
+    total: int = 0
+    planned: int = 0
+    infeasible: int = 0
+    failed: int = 0
+    best: dict[str, Any] | None = Field(None, description="the fastest candidate so far")
+    elapsed_s: float | None = None
+
+
+class SearchOut(BaseModel):
+    id: str
+    state: JobState
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    progress: SearchProgress | None
+    error: JobError | None
+    results: dict[str, Any] | None = Field(description="results.json, once the search succeeded")
+    report_url: str
 
 
 class ModelInfo(BaseModel):

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     """Bearer token -> rights (``read``, ``submit``); empty: no authentication. JSON in the environment."""
     cors_origins: list[str] = Field(default_factory=list)
     """Origins allowed by CORS; empty (the default): CORS off."""
+    search_dir: str = "searches"
+    """Where searches write their files (``<search_dir>/<job id>/results.json``, plans, report.html); share
+    it between replicas to serve any search's report from any of them."""
     replica: str = ""
     """This replica's name in the job table's lease column (default: host and process id)."""
 

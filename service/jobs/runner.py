@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from service.app.settings import Settings
@@ -25,7 +26,7 @@ from service.jobs.metrics import Metrics
 from service.jobs.worker import worker_main
 from service.store import jobs as job_store
 from service.store import plans as plan_store
-from service.store.models import FAILED, SUCCEEDED, Job
+from service.store.models import FAILED, SEARCH, SUCCEEDED, Job
 from service.store.session import Store
 
 log = logging.getLogger("autoshard.jobs")
@@ -111,7 +112,7 @@ class WorkerSlot(threading.Thread):
         settings = self.runner.settings
         assert self.worker is not None
         log.info("job %s (%s %s) claimed by %s", job.id, job.kind, job.problem_hash[:12], self.owner)
-        self.worker.connection.send(("run", job.kind, json.loads(job.request)))
+        self.worker.connection.send(("run", job.kind, _work_request(job, settings)))
         deadline = time.monotonic() + job.time_limit_s + settings.job_grace_s
         watch = _Watch(next_check=time.monotonic(), next_beat=time.monotonic())
         while True:
@@ -197,6 +198,16 @@ class WorkerSlot(threading.Thread):
         assert self.worker is not None
         self.worker.terminate()
         self.worker.ready = False
+
+
+def _work_request(job: Job, settings: Settings) -> dict[str, Any]:
+    """What the worker runs: the stored request; a search's also names its output folder and the plan
+    cache it shares with the service (its database: passed over the pipe, never stored with the job)."""
+    request = json.loads(job.request)
+    if job.kind != SEARCH:
+        return request
+    out = Path(settings.search_dir) / job.id
+    return {"search": request, "out": str(out), "cache_url": settings.database_url}
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The worker process: runs one job at a time for its replica, sends progress and the result back.
 
-Messages to the worker: ``("run", kind, request)``. From it: ``("ready",)`` once the solver is loaded,
+Messages to the worker: ``("run", kind, request)`` (a search's request: ``{"search": body, "out": folder,
+"cache_url": the service's database}``). From it: ``("ready",)`` once the solver is loaded,
 ``("progress", record)``, ``("done", document, seconds)`` or ``("failed", {"type", "message"})``.
 A worker whose parent died exits by itself (a replica killed mid-job leaves no orphan solving on).
 """
@@ -12,6 +13,7 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 PARENT_CHECK_S = 0.5
@@ -55,8 +57,13 @@ def _run(planning: Any, kind: str, request: dict[str, Any], report: Any) -> tupl
 
     started = time.perf_counter()
     try:
-        run = planning.run_plan_job if kind == "plan" else planning.run_solve_job
-        document = run(request, report)
+        if kind == "search":
+            from service.search.job import run_search_job
+
+            document = run_search_job(request["search"], Path(request["out"]), request["cache_url"], report)
+        else:
+            run = planning.run_plan_job if kind == "plan" else planning.run_solve_job
+            document = run(request, report)
     except planning.BadRequest as error:
         return ("failed", {"type": "bad_request", "message": str(error)})
     except InfeasibleError as error:

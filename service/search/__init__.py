@@ -1,1 +1,2 @@
-"""Batch plan search: candidates over mesh shapes and batches, ranked, with a report."""
+"""Batch plan search: candidates over mesh shapes and batches, planned from one capture per configuration,
+ranked, with a report."""

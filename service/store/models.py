@@ -13,6 +13,8 @@ class Base(DeclarativeBase):
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELED = "queued", "running", "succeeded", "failed", "canceled"
 JOB_STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELED)
 FINISHED_STATES = (SUCCEEDED, FAILED, CANCELED)
+PLAN, SOLVE, SEARCH = "plan", "solve", "search"
+"""Job kinds; a search's results document is stored in ``plans`` under its job's ``problem_hash``."""
 
 
 class Job(Base):
@@ -22,7 +24,7 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))
-    """``plan`` or ``solve``."""
+    """``plan``, ``solve`` or ``search``."""
     state: Mapped[str] = mapped_column(String(16))
     problem_hash: Mapped[str] = mapped_column(String(64), index=True)
     request: Mapped[str] = mapped_column(Text)
@@ -47,7 +49,8 @@ class Job(Base):
 
 
 class Plan(Base):
-    """A finished result: a plan JSON (``kind`` plan) or a solver result (``kind`` solve)."""
+    """A finished result: a plan JSON (``kind`` plan), a solver result (``kind`` solve) or a search's results
+    (``kind`` search)."""
 
     __tablename__ = "plans"
 

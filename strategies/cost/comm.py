@@ -158,25 +158,33 @@ def redistribute_matrix(
     mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_specs: np.ndarray, dst_specs: np.ndarray
 ) -> np.ndarray:
     """``[len(src_specs), len(dst_specs)]`` seconds; specs are ``[n, mesh.ndim]`` integer arrays."""
-    src_unique, src_index = np.unique(
-        np.asarray(src_specs).reshape(len(src_specs), -1), axis=0, return_inverse=True
-    )
-    dst_unique, dst_index = np.unique(
-        np.asarray(dst_specs).reshape(len(dst_specs), -1), axis=0, return_inverse=True
-    )
-    src_keys = tuple(tuple(int(c) for c in row) for row in src_unique)
-    dst_keys = tuple(tuple(int(c) for c in row) for row in dst_unique)
-    small = _cost_table(mesh, tuple(shape), itemsize, src_keys, dst_keys)
-    return small[np.ix_(src_index.ravel(), dst_index.ravel())]
+    src_unique, src_index = _unique_rows(src_specs)
+    dst_unique, dst_index = _unique_rows(dst_specs)
+    small = _cost_table(mesh, tuple(shape), itemsize, src_unique.tobytes(), dst_unique.tobytes())
+    return small[np.ix_(src_index, dst_index)]
+
+
+def _unique_rows(specs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of ``specs`` (int64, C order) and each row's index among them. A row is read as
+    one integer (placement codes are small: -100 to a tensor's dims), so this is a 1-D unique."""
+    rows = np.asarray(specs, dtype=np.int64).reshape(len(specs), -1)
+    code = (rows + SPEC_CODE_OFFSET) @ (SPEC_CODE_BASE ** np.arange(rows.shape[1], dtype=np.int64))
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return np.ascontiguousarray(rows[first]), inverse.ravel()
+
+
+SPEC_CODE_OFFSET, SPEC_CODE_BASE = 128, 256
+"""Placement codes (-128 to 127) as digits of one integer per spec row."""
 
 
 @lru_cache(maxsize=1 << 14)
 def _cost_table(
-    mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_keys: tuple[Spec, ...], dst_keys: tuple[Spec, ...]
+    mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_keys: bytes, dst_keys: bytes
 ) -> np.ndarray:
-    """``[src, dst]`` seconds between distinct specs; cached because the same edges recur in every layer."""
-    src = np.array(src_keys, dtype=np.int64).reshape(len(src_keys), mesh.ndim)
-    dst = np.array(dst_keys, dtype=np.int64).reshape(len(dst_keys), mesh.ndim)
+    """``[src, dst]`` seconds between distinct specs (given as the bytes of int64 ``[n, mesh.ndim]``
+    arrays); cached because the same edges recur in every layer."""
+    src = np.frombuffer(src_keys, dtype=np.int64).reshape(-1, mesh.ndim)
+    dst = np.frombuffer(dst_keys, dtype=np.int64).reshape(-1, mesh.ndim)
     pairs_src = np.repeat(src, len(dst), axis=0)
     pairs_dst = np.tile(dst, (len(src), 1))
     table = pair_costs(mesh, shape, itemsize, pairs_src, pairs_dst).reshape(len(src), len(dst))

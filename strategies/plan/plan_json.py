@@ -3,8 +3,10 @@
 ``predicted`` re-derives every figure from the chosen strategies (not from the solver's objective):
 ``compute_s`` sums the chosen ops' compute, ``load_s`` the inputs' host-to-device loads, ``comm_s`` the chosen
 edges' redistribution time (after the overlap discount), ``comm_bytes`` the bytes each device sends or
-receives on those edges (per the steps DTensor takes), ``peak_memory_bytes`` the largest per-device total of
-live tensors over the step. A value that all its readers read in one same other placement, no larger than
+receives on those edges (per the steps DTensor takes), ``hidden_comm_s`` the parameter gathers and gradient
+reductions the overlap discount hid behind compute (not in ``comm_s``), ``peak_memory_bytes`` the largest
+per-device total of live tensors over the step and ``memory_profile`` that total along the step
+(:func:`memory_profile`). A value that all its readers read in one same other placement, no larger than
 its own (the partial output that the loss and its backward both read replicated), is moved once and the copy
 replaces it, as the runtime does: the objective, which prices each edge on its own, counts such a move once
 per reader, so ``step_time_s`` is at most the solver's objective, and equal to it when no such move repeats.
@@ -24,6 +26,7 @@ from strategies.placement import NONE, spec_text
 from strategies.problem.builder import COST_UNIT_S, BuiltProblem
 
 PLAN_VERSION = 1
+MEMORY_PROFILE_POINTS = 256
 
 
 def make_plan(
@@ -57,7 +60,9 @@ def make_plan(
             }
         )
     predicted = predict(built, chosen)
-    predicted["peak_memory_bytes"] = int(usage_profile(built.problem, chosen)[1].max(initial=0))
+    positions, live_bytes = usage_profile(built.problem, chosen)
+    predicted["peak_memory_bytes"] = int(live_bytes.max(initial=0))
+    predicted["memory_profile"] = memory_profile(positions, live_bytes)
     mesh = built.mesh
     return {
         "version": PLAN_VERSION,
@@ -99,7 +104,7 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
         if node.kind in by_kind:
             by_kind[node.kind] += float(node_weight[i] * node.compute_s[chosen[i]])
     compute, load = by_kind["op"], by_kind["input"]
-    comm = 0.0
+    comm = hidden = 0.0
     comm_bytes = 0.0
     collectives: dict[str, float] = {}
     once = _moved_once(built, chosen)
@@ -113,6 +118,8 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
             continue
         counted.add(value)
         comm += seconds
+        if edge.kind in ("parameter", "gradient") and built.overlap < 1:
+            hidden += seconds * built.overlap / (1 - built.overlap)
         producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
         meta = producer.outputs[edge.output]
         src = tuple(int(c) for c in producer.output_specs[chosen[edge.producer], edge.output])
@@ -126,9 +133,23 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
         "compute_s": compute,
         "load_s": load,
         "comm_s": comm,
+        "hidden_comm_s": hidden,
         "comm_bytes": int(comm_bytes),
         "collectives": {name: round(count) for name, count in collectives.items()},
     }
+
+
+def memory_profile(
+    positions: np.ndarray, live_bytes: np.ndarray, max_points: int = MEMORY_PROFILE_POINTS
+) -> dict[str, list[int]]:
+    """The per-device live bytes over the step (at each position in execution order where a value comes
+    alive), at most ``max_points`` of them: past that, the largest of each of ``max_points`` equal runs of
+    positions, so the peak and every local high stay."""
+    if len(positions) > max_points:
+        runs = np.array_split(np.arange(len(positions)), max_points)
+        keep = np.array([run[np.argmax(live_bytes[run])] for run in runs if len(run)], dtype=np.int64)
+        positions, live_bytes = positions[keep], live_bytes[keep]
+    return {"positions": [int(p) for p in positions], "bytes": [int(b) for b in live_bytes]}
 
 
 def _moved_once(built: BuiltProblem, chosen: np.ndarray) -> set[tuple[int, int]]:

@@ -102,6 +102,35 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
         except RepeatMismatch as error:
             say(f"{error}: capturing every layer")
             built = _capture_and_build(request, mesh, None, say, timings)
+    return _solve_and_plan(request, mesh, built, say, timings, started)
+
+
+def plan_captured(
+    request: PlanRequest,
+    graph: JointGraph,
+    repeat: LayerRepeat | None,
+    progress: Progress | None = None,
+) -> PlanOutcome:
+    """Plan ``request`` from a step captured (or loaded from a graph document) before: build the problem on
+    the request's mesh, solve, plan. A search captures once per model configuration and plans every mesh
+    from it; the plan equals :func:`plan_model`'s of the same request."""
+    say = progress or (lambda message: None)
+    timings: dict[str, float] = {}
+    mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
+    _check_baseline(request.baseline, mesh)
+    started = time.perf_counter()
+    built = _build(graph, request, mesh, repeat, say, timings)
+    return _solve_and_plan(request, mesh, built, say, timings, started)
+
+
+def _solve_and_plan(
+    request: PlanRequest,
+    mesh: Mesh,
+    built: BuiltProblem,
+    say: Progress,
+    timings: dict[str, float],
+    started: float,
+) -> PlanOutcome:
     problem = built.problem
     if request.baseline is not None:
         from strategies.plan.baselines import baseline_pins

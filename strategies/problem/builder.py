@@ -98,6 +98,9 @@ class BuiltProblem:
     edge_weight: np.ndarray | None = None
     """How many times each edge's redistribution counts in the step, else 1."""
     repeat: LayerRepeat | None = None
+    overlap: float = 0.0
+    """The share of parameter gathers and gradient reductions hidden behind compute (their edges cost the
+    rest)."""
 
     def warnings(self) -> list[str]:
         """What the plan cannot do well, a line per cause: ops without a sharding rule (replicated)."""
@@ -341,6 +344,7 @@ def build_problem(
     )
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
     built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
+    built.overlap = overlap
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
     return built
 

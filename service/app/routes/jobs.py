@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from service.app.deps import CanRead, CanSubmit, SessionDep
 from service.app.schemas import JobOut, JobPage, JobState
 from service.store import jobs as job_store
-from service.store.models import SUCCEEDED, Job
+from service.store.models import SEARCH, SUCCEEDED, Job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 JobId = Annotated[str, Path(min_length=1, max_length=36, description="the job's id")]
@@ -28,8 +28,12 @@ def job_out(job: Job) -> JobOut:
         attempts=job.attempts,
         progress=None if job.progress is None else json.loads(job.progress),
         error=None if job.error is None else json.loads(job.error),
-        plan_url=f"/v1/plans/{job.problem_hash}" if job.state == SUCCEEDED else None,
+        plan_url=_result_url(job) if job.state == SUCCEEDED else None,
     )
+
+
+def _result_url(job: Job) -> str:
+    return f"/v1/searches/{job.id}" if job.kind == SEARCH else f"/v1/plans/{job.problem_hash}"
 
 
 def job_location(job: Job) -> str:

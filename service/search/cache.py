@@ -1,0 +1,48 @@
+"""The service's plan cache seen from a search: a candidate is the ``POST /v1/plans`` request of its mesh
+and batch, keyed by the service's :func:`~service.planning.plan_hash`; a plan stored under that key (by the
+service or an earlier search) is reused, and a new one is stored for both."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from service.search.candidates import Candidate
+from service.search.request import SearchRequest
+
+
+class SearchPlanCache:
+    """The plans table of the service database at ``url`` (migrated to the newest schema first)."""
+
+    def __init__(self, url: str) -> None:
+        from service.store.migrate import upgrade_to_head
+        from service.store.session import Store
+
+        upgrade_to_head(url)
+        self.store = Store(url)
+        self.search_id = str(uuid.uuid4())
+        """Recorded as the job of the plans this search stores."""
+
+    def key(self, request: SearchRequest, candidate: Candidate) -> str:
+        from service.app.schemas import PlanSubmission
+        from service.planning import canonical_plan_request, plan_hash
+
+        submission = PlanSubmission.model_validate(request.service_submission(candidate))
+        return plan_hash(canonical_plan_request(submission))
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        from service.store.plans import get_plan
+
+        with self.store.session() as session:
+            stored = get_plan(session, key)
+            return None if stored is None or stored.kind != "plan" else json.loads(stored.document)
+
+    def put(self, key: str, plan: dict[str, Any], seconds: float) -> None:
+        from service.store.plans import save_plan
+
+        with self.store.session() as session:
+            save_plan(session, key, "plan", plan, self.search_id, seconds)
+
+    def close(self) -> None:
+        self.store.dispose()

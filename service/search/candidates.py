@@ -1,0 +1,74 @@
+"""The candidates of a search: every mesh of N devices with 1 to ``max_mesh_dims`` axes, times the batches.
+
+A mesh is an ordered factorisation of N into axes of size 2 or more (``8`` is ``8``, ``2x4``, ``4x2``,
+``2x2x2``). Ranks are laid out row-major, so the last axis holds neighbouring ranks and runs inside a node
+whenever it fits one (:meth:`strategies.cost.mesh.Mesh.crosses_nodes`). Axis roles follow that topology,
+outermost first: ``dp`` (1-D); ``dp, tp`` (2-D: tensor parallel innermost, on the fast in-node link);
+``dp, cp, tp`` (3-D: data, context, tensor parallel). The names are labels for people: the planner chooses
+every placement on every axis itself, so ``4x2`` and ``2x4`` differ by which axis crosses nodes, not by
+what each axis may do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+AXIS_ROLES = {1: ("dp",), 2: ("dp", "tp"), 3: ("dp", "cp", "tp")}
+"""Axis names by mesh rank, outermost first (the innermost axis is the one inside a node)."""
+MAX_MESH_DIMS = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of the search: a mesh shape (with its axis names) and a global batch."""
+
+    id: str
+    mesh: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    batch: int
+    seq: int | None
+
+    @property
+    def mesh_text(self) -> str:
+        return "x".join(str(size) for size in self.mesh)
+
+
+def mesh_shapes(devices: int, max_dims: int = MAX_MESH_DIMS) -> list[tuple[int, ...]]:
+    """Every ordered factorisation of ``devices`` into 1 to ``max_dims`` axes of size 2 or more (a single
+    device is the 1-D mesh ``(1,)``), fewer axes first, then lexicographic."""
+    if devices < 1:
+        raise ValueError(f"devices: at least 1, got {devices}")
+    if not 1 <= max_dims <= MAX_MESH_DIMS:
+        raise ValueError(f"max_mesh_dims: 1 to {MAX_MESH_DIMS}, got {max_dims}")
+    if devices == 1:
+        return [(1,)]
+    shapes = [shape for dims in range(1, max_dims + 1) for shape in _factorisations(devices, dims)]
+    return sorted(shapes, key=lambda shape: (len(shape), shape))
+
+
+def _factorisations(n: int, dims: int) -> Iterator[tuple[int, ...]]:
+    if dims == 1:
+        if n >= 2:
+            yield (n,)
+        return
+    for first in range(2, n + 1):
+        if n % first == 0:
+            for rest in _factorisations(n // first, dims - 1):
+                yield (first, *rest)
+
+
+def make_candidates(
+    devices: int, batch_sizes: Sequence[int], seq: int | None, max_dims: int = MAX_MESH_DIMS
+) -> list[Candidate]:
+    """Meshes times batch sizes, numbered ``c00``, ``c01``, … (mesh by mesh, batches in the order given)."""
+    if not batch_sizes:
+        raise ValueError("batch_sizes: give at least one batch size")
+    if any(batch < 1 for batch in batch_sizes):
+        raise ValueError(f"batch_sizes: every batch must be positive, got {list(batch_sizes)}")
+    pairs = [(shape, batch) for shape in mesh_shapes(devices, max_dims) for batch in batch_sizes]
+    width = max(2, len(str(len(pairs) - 1)))
+    return [
+        Candidate(f"c{index:0{width}d}", shape, AXIS_ROLES[len(shape)], batch, seq)
+        for index, (shape, batch) in enumerate(pairs)
+    ]

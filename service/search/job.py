@@ -1,0 +1,105 @@
+"""A search run as a service job: in the job's worker process, its candidates one after the other (or on
+Ray when the service's environment names a cluster with ``RAY_ADDRESS``), plans shared with the service's
+plan cache, progress reported as it goes. The service's parallelism is its worker slots and replicas: a
+worker process is a daemon and may not start a pool of its own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from service.search.executors import InlineExecutor, RayExecutor
+from service.search.report_page import write_report
+from service.search.request import SearchRequest
+from service.search.results import has_plan
+from service.search.task import FAILED, INFEASIBLE
+
+SEARCH_PHASE = "search"
+
+
+def search_request(body: dict[str, Any]) -> SearchRequest:
+    """The search a validated ``POST /v1/searches`` body asks for (one worker: the job's process)."""
+    solver = body["solver"]
+    return SearchRequest(
+        model=body["model"],
+        devices=body["devices"],
+        hardware=body["hardware"],
+        memory_gib=body["memory_gib"],
+        batch_sizes=list(body["batch_sizes"]),
+        seq=body["seq"],
+        max_mesh_dims=body["max_mesh_dims"],
+        executor="ray" if _ray_address() else "local",
+        workers=1,
+        time_limit_s=solver["time_limit_s"],
+        gap=solver["gap"],
+        backend=solver["backend"],
+        dtype=body["dtype"],
+        layers=body["layers"],
+        options=dict(body["options"]),
+        overlap=body["overlap"],
+        captured_layers=body["captured_layers"] or None,
+    )
+
+
+def run_search_job(
+    body: dict[str, Any], out: Path, cache_url: str | None, report: Callable[[dict[str, Any]], None] | None
+) -> dict[str, Any]:
+    """Run the search of ``body`` writing its files under ``out``; the results document."""
+    from service.search.runner import run_search
+
+    request = search_request(body)
+    listener = JobProgress(report)
+    executor = RayExecutor() if _ray_address() else InlineExecutor()
+    results = run_search(request, out, listener, cache_url=cache_url, executor=executor)
+    write_report(results, out)
+    return results
+
+
+class JobProgress:
+    """The runner's events as the job's progress: ``{"phase": "search", "done", "total", "planned",
+    "infeasible", "failed", "best", "elapsed_s"}`` (``best``: the fastest candidate so far, or null)."""
+
+    def __init__(self, report: Callable[[dict[str, Any]], None] | None) -> None:
+        self.report = report
+        self.started_at = time.perf_counter()
+        self.record: dict[str, Any] = {"phase": SEARCH_PHASE, "done": 0, "total": 0, "planned": 0,
+                                       INFEASIBLE: 0, FAILED: 0, "best": None}  # fmt: skip
+
+    def started(self, total: int, reused: int) -> None:
+        self.record.update(total=total, reused=reused)
+        self._send()
+
+    def finished(self, row: dict[str, Any]) -> None:
+        record = self.record
+        record["done"] += 1
+        if has_plan(row):
+            record["planned"] += 1
+            best = record["best"]
+            if best is None or row["samples_per_s"] > best["samples_per_s"]:
+                record["best"] = {
+                    name: row[name]
+                    for name in (
+                        "id",
+                        "mesh",
+                        "axis_names",
+                        "batch",
+                        "step_time_s",
+                        "samples_per_s",
+                        "tokens_per_s",
+                    )
+                }
+        elif row["status"] in (INFEASIBLE, FAILED):
+            record[row["status"]] += 1
+        self._send()
+
+    def _send(self) -> None:
+        if self.report is not None:
+            self.report({**self.record, "elapsed_s": round(time.perf_counter() - self.started_at, 3)})
+
+
+def _ray_address() -> str | None:
+    import os
+
+    return os.environ.get("RAY_ADDRESS") or None

@@ -1,0 +1,95 @@
+"""What a search is asked: the model and its configuration, the devices, the options it sweeps."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from service.search.candidates import MAX_MESH_DIMS, Candidate
+from strategies.plan.planner import DEFAULT_GAP, PlanRequest
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass
+class SearchRequest:
+    """A search: every mesh of ``devices`` (1 to ``max_mesh_dims`` axes) times ``batch_sizes``."""
+
+    model: str
+    """A built-in model name or ``path/file.py:factory``."""
+    devices: int
+    hardware: str = "h100"
+    memory_gib: float | None = None
+    """Per-device memory budget in GiB; ``None``: the hardware's capacity."""
+    batch_sizes: list[int] = field(default_factory=lambda: [8])
+    seq: int | None = None
+    """Sequence length of a language model (``None``: the planner's default); ignored by models without."""
+    max_mesh_dims: int = MAX_MESH_DIMS
+    executor: str = "local"
+    """``local`` (a process pool) or ``ray``."""
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Candidates planned at once (the local pool's processes)."""
+    time_limit_s: float = 60.0
+    """The solver's time limit per candidate: a candidate stopped by it keeps its best plan, status
+    ``feasible`` with its gap."""
+    gap: float = DEFAULT_GAP
+    backend: str = "auto"
+    dtype: str = "bfloat16"
+    layers: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    overlap: float = 0.0
+    captured_layers: int | None = 4
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise ValueError(f"devices: at least 1, got {self.devices}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor: {self.executor!r}; choose {' or '.join(EXECUTORS)}")
+        if self.workers < 1:
+            raise ValueError(f"workers: at least 1, got {self.workers}")
+        if self.time_limit_s <= 0:
+            raise ValueError(f"time_limit_s: must be positive, got {self.time_limit_s}")
+        if not 0 <= self.overlap < 1:
+            raise ValueError(f"overlap: from 0 to below 1, got {self.overlap}")
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def plan_request(self, candidate: Candidate) -> PlanRequest:
+        """The request planning ``candidate`` alone: what :func:`~strategies.plan.planner.plan_model` is
+        given for it (the search plans it from the shared capture, with the same result)."""
+        return PlanRequest(
+            model=self.model,
+            mesh=candidate.mesh_text,
+            axis_names=",".join(candidate.axis_names),
+            hardware=self.hardware,
+            memory_gib=self.memory_gib,
+            batch=candidate.batch,
+            seq=self.seq,
+            layers=self.layers,
+            dtype=self.dtype,
+            backend=self.backend,
+            time_limit=self.time_limit_s,
+            gap=self.gap,
+            overlap=self.overlap,
+            options=dict(self.options),
+            captured_layers=self.captured_layers,
+        )
+
+    def service_submission(self, candidate: Candidate) -> dict[str, Any]:
+        """The body of the equivalent ``POST /v1/plans``: its canonical form keys the service's plan cache."""
+        return {
+            "model": self.model,
+            "options": dict(self.options),
+            "mesh": {"shape": list(candidate.mesh), "axis_names": list(candidate.axis_names)},
+            "hardware": self.hardware,
+            "memory_gib": self.memory_gib,
+            "batch": candidate.batch,
+            "seq": self.seq,
+            "layers": self.layers,
+            "dtype": self.dtype,
+            "solver": {"backend": self.backend, "time_limit_s": self.time_limit_s, "gap": self.gap},
+            "overlap": self.overlap,
+            "captured_layers": self.captured_layers,
+        }

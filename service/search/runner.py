@@ -1,0 +1,152 @@
+"""Run a search: candidates, one capture per model configuration, cached plans, an executor, the results.
+
+The captured step depends on the model and its shapes (batch, sequence, dtype, configuration), not on the
+mesh: the search captures each configuration once here, as a graph document (``docs/graph-format.md``), and
+every candidate of that configuration plans from it (each worker reads a document once and keeps it), so a
+candidate costs its problem build and solve only. With a plan cache (the service's database), candidates
+planned before, by the service or an earlier search, are read back instead of planned again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from service.search.cache import SearchPlanCache
+from service.search.candidates import Candidate, make_candidates
+from service.search.executors import Executor, make_executor
+from service.search.request import SearchRequest
+from service.search.results import candidate_row, results_document, write_results
+from service.search.task import FAILED, CandidateTask
+
+
+class SearchListener(Protocol):
+    def started(self, total: int, reused: int) -> None:
+        """The number of candidates, and how many come from the plan cache."""
+
+    def finished(self, row: dict[str, Any]) -> None:
+        """One candidate's results row (unranked)."""
+
+
+class QuietListener:
+    def started(self, total: int, reused: int) -> None:
+        pass
+
+    def finished(self, row: dict[str, Any]) -> None:
+        pass
+
+
+def search_candidates(request: SearchRequest) -> list[Candidate]:
+    return make_candidates(request.devices, request.batch_sizes, sequence_of(request), request.max_mesh_dims)
+
+
+def run_search(
+    request: SearchRequest,
+    out: Path | None = None,
+    listener: SearchListener | None = None,
+    cache_url: str | None = None,
+    executor: Executor | None = None,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Plan every candidate of ``request``; the results document (and, with ``out``, its files)."""
+    started = time.perf_counter()
+    listener = listener or QuietListener()
+    say = say or (lambda message: None)
+    candidates = search_candidates(request)
+    budget = memory_budget_bytes(request)
+    cache = SearchPlanCache(cache_url) if cache_url else None
+    rows: list[dict[str, Any]] = []
+    plans: dict[str, dict[str, Any]] = {}
+
+    def record(candidate: Candidate, outcome: dict[str, Any]) -> None:
+        plan = outcome.get("plan")
+        if plan is not None:
+            plans[candidate.id] = plan
+        row = candidate_row(candidate, outcome, budget, f"plans/{candidate.id}.json" if plan else None)
+        rows.append(row)
+        listener.finished(row)
+
+    try:
+        keys = {c.id: cache.key(request, c) for c in candidates} if cache else {}
+        cached = {c.id: plan for c in candidates if cache and (plan := cache.get(keys[c.id])) is not None}
+        listener.started(len(candidates), len(cached))
+        for candidate in candidates:
+            if candidate.id in cached:
+                plan = cached[candidate.id]
+                record(candidate, {"status": plan["solver"]["status"], "plan": plan, "seconds": 0.0})
+        by_id = {c.id: c for c in candidates}
+
+        def capture_failed(candidate: Candidate, reason: str) -> None:
+            record(candidate, {"status": FAILED, "error": reason, "seconds": 0.0})
+
+        todo = [c for c in candidates if c.id not in cached]
+        if todo and executor is None:
+            executor = make_executor(request.executor, min(request.workers, len(todo)))
+        work = _work(request, todo, capture_failed, say)
+        try:
+            for outcome in executor.run(work) if executor is not None else ():
+                candidate = by_id[outcome["id"]]
+                record(candidate, outcome)
+                if cache is not None and outcome.get("plan") is not None:
+                    cache.put(keys[candidate.id], outcome["plan"], outcome["seconds"])
+        finally:
+            if executor is not None:
+                executor.close()
+    finally:
+        if cache is not None:
+            cache.close()
+    order = {c.id: i for i, c in enumerate(candidates)}
+    rows.sort(key=lambda row: order[row["id"]])
+    results = results_document(request.record(), rows, time.perf_counter() - started)
+    if out is not None:
+        write_results(out, results, plans)
+    return results
+
+
+def _work(
+    request: SearchRequest,
+    candidates: list[Candidate],
+    capture_failed: Callable[[Candidate, str], None],
+    say: Callable[[str], None],
+) -> Iterator[tuple[CandidateTask, dict[str, Any]]]:
+    """Each candidate with the graph document of its configuration, captured once per batch: a batch's
+    candidates are handed over as soon as it is captured (workers plan them while the next batch is
+    captured), the meshes of more axes first (they take longest: the pool ends more evenly). The candidates
+    of a configuration that cannot be captured go to ``capture_failed`` with the reason."""
+    from strategies.graph.export import graph_digest
+    from strategies.plan.planner import export_request_graph
+
+    batches: dict[int, list[Candidate]] = {}
+    for candidate in candidates:
+        batches.setdefault(candidate.batch, []).append(candidate)
+    for batch, group in batches.items():
+        say(f"capturing {request.model} at batch {batch}")
+        try:
+            document = export_request_graph(request.plan_request(group[0]))
+        except Exception as error:
+            first_line = (str(error).splitlines() or [""])[0]
+            for candidate in group:
+                capture_failed(candidate, f"capture failed: {type(error).__name__}: {first_line}")
+            continue
+        digest = graph_digest(document)
+        for candidate in sorted(group, key=lambda c: -len(c.mesh)):
+            yield CandidateTask(candidate.id, request.plan_request(candidate), digest), document
+
+
+def sequence_of(request: SearchRequest) -> int | None:
+    """The sequence length the candidates run at: ``None`` for a model without one (``mlp``, a factory)."""
+    from strategies.models import MODELS
+    from strategies.plan.planner import DEFAULT_SEQ
+
+    has_sequence = getattr(MODELS.get(request.model), "config", None) is not None
+    return (request.seq or DEFAULT_SEQ) if has_sequence else None
+
+
+def memory_budget_bytes(request: SearchRequest) -> int:
+    from strategies.cost.hardware import get_hardware
+
+    if request.memory_gib is not None:
+        return int(request.memory_gib * 2**30)
+    return get_hardware(request.hardware).memory_bytes

@@ -1,0 +1,62 @@
+"""One candidate planned in a worker: from the model configuration's graph document captured once by the
+search, loaded once per worker process and kept; the result is what the runner records."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from strategies.graph.imported import ImportedGraph
+    from strategies.plan.planner import PlanRequest
+
+OPTIMAL, FEASIBLE, INFEASIBLE, FAILED = "optimal", "feasible", "infeasible", "failed"
+STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, FAILED)
+
+_loaded: dict[str, ImportedGraph] = {}
+"""Graph documents this process has read, by digest: each is read once however many meshes use it."""
+MAX_LOADED = 8
+
+
+@dataclass
+class CandidateTask:
+    """What a worker needs for one candidate: its plan request (naming the model, for the plan's record)
+    and the digest of the graph document to plan it from."""
+
+    candidate_id: str
+    request: PlanRequest
+    graph_digest: str
+
+
+def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]:
+    """Plan one candidate from ``graph`` (its configuration's document): ``{"id", "status", "plan",
+    "min_peak_bytes", "error", "seconds"}``. A budget no plan fits is ``infeasible`` with the smallest peak
+    any plan reaches; any other error is ``failed`` with its reason. Never raises."""
+    from solver.errors import InfeasibleError
+    from strategies.plan.planner import plan_captured
+
+    started = time.perf_counter()
+    outcome: dict[str, Any] = {"id": task.candidate_id, "plan": None, "min_peak_bytes": None, "error": None}
+    try:
+        imported = _graph(task.graph_digest, graph)
+        plan = plan_captured(task.request, imported.graph, imported.repeat).plan
+        outcome.update(status=plan["solver"]["status"], plan=plan)
+    except InfeasibleError as error:
+        outcome.update(status=INFEASIBLE, min_peak_bytes=error.min_peak, error=str(error))
+    except Exception as error:  # reported with the candidate: the search goes on
+        first_line = (str(error).splitlines() or [""])[0]
+        outcome.update(status=FAILED, error=f"{type(error).__name__}: {first_line}")
+    outcome["seconds"] = time.perf_counter() - started
+    return outcome
+
+
+def _graph(digest: str, document: dict[str, Any]) -> ImportedGraph:
+    from strategies.graph.imported import load_graph
+
+    found = _loaded.get(digest)
+    if found is None:
+        if len(_loaded) >= MAX_LOADED:
+            _loaded.pop(next(iter(_loaded)))
+        found = _loaded[digest] = load_graph(document)
+    return found

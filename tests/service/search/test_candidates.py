@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import pytest
+
+from service.search.candidates import make_candidates, mesh_shapes
+
+
+def test_every_ordered_factorisation_into_one_to_three_axes() -> None:
+    assert mesh_shapes(8) == [(8,), (2, 4), (4, 2), (2, 2, 2)]
+    assert mesh_shapes(8, max_dims=2) == [(8,), (2, 4), (4, 2)]
+    assert mesh_shapes(7) == [(7,)]
+    assert mesh_shapes(1) == [(1,)]
+
+
+def test_64_devices_give_16_meshes() -> None:
+    shapes = mesh_shapes(64)
+    assert len([s for s in shapes if len(s) == 1]) == 1
+    assert len([s for s in shapes if len(s) == 2]) == 5  # 2x32 4x16 8x8 16x4 32x2
+    assert len([s for s in shapes if len(s) == 3]) == 10  # compositions of 2^6 into three parts
+    assert all(min(s) >= 2 and len(set(shapes)) == len(shapes) for s in shapes)
+
+
+def test_candidates_are_meshes_times_batches_with_innermost_tp() -> None:
+    candidates = make_candidates(8, [16, 32], seq=128)
+    assert len(candidates) == 8
+    assert [c.id for c in candidates][:3] == ["c00", "c01", "c02"]
+    by_mesh = {(c.mesh, c.batch): c.axis_names for c in candidates}
+    assert by_mesh[((8,), 16)] == ("dp",)
+    assert by_mesh[((2, 4), 32)] == ("dp", "tp")
+    assert by_mesh[((2, 2, 2), 16)] == ("dp", "cp", "tp")
+
+
+def test_bad_counts_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="batch_sizes"):
+        make_candidates(8, [], seq=None)
+    with pytest.raises(ValueError, match="max_mesh_dims"):
+        mesh_shapes(8, max_dims=4)

@@ -1,0 +1,171 @@
+"""A search returns what planning each candidate alone returns, ranked by throughput; infeasible and failed
+candidates are reported, not dropped; the files follow the results contract."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.search.request import SearchRequest
+from service.search.runner import run_search, search_candidates
+from solver.errors import InfeasibleError
+from strategies.plan import planner
+from strategies.plan.planner import plan_model
+from tests.service.search.conftest import gpt_search, mlp_search
+
+ROW_FIELDS = {
+    "id", "mesh", "axis_names", "batch", "seq", "status", "rank", "step_time_s", "compute_s", "comm_s",
+    "exposed_comm_s", "load_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "memory_budget_bytes",
+    "min_peak_bytes", "certificate", "plan_file", "error", "seconds",
+}  # fmt: skip
+
+
+def alone(request: SearchRequest) -> dict[str, dict[str, Any]]:
+    """Each candidate planned by itself with plan_model (its own capture): id -> predicted and solver."""
+    planned = {}
+    for candidate in search_candidates(request):
+        plan = plan_model(request.plan_request(candidate)).plan
+        planned[candidate.id] = {
+            "batch": candidate.batch,
+            **plan["predicted"],
+            "status": plan["solver"]["status"],
+        }
+    return planned
+
+
+def expected_ranking(planned: dict[str, dict[str, Any]]) -> list[str]:
+    return sorted(
+        planned,
+        key=lambda i: (-planned[i]["batch"] / planned[i]["step_time_s"], planned[i]["peak_memory_bytes"], i),
+    )
+
+
+def assert_equal_to_alone(results: dict[str, Any], planned: dict[str, dict[str, Any]]) -> None:
+    rows = {row["id"]: row for row in results["candidates"]}
+    assert set(rows) == set(planned)
+    for candidate_id, expected in planned.items():
+        row = rows[candidate_id]
+        assert row["status"] == expected["status"]
+        assert row["step_time_s"] == pytest.approx(expected["step_time_s"], rel=1e-9)
+        assert row["peak_memory_bytes"] == expected["peak_memory_bytes"]
+    ranked = [row["id"] for row in results["candidates"] if row["rank"] is not None]
+    assert ranked == expected_ranking(planned)
+    assert [row["rank"] for row in results["candidates"]] == list(range(1, len(ranked) + 1))
+
+
+def test_an_mlp_search_over_8_devices_ranks_as_planning_each_candidate_alone(mlp_results) -> None:
+    request, results, _ = mlp_results
+    assert len(results["candidates"]) == 8  # 8, 2x4, 4x2, 2x2x2 times two batches
+    assert_equal_to_alone(results, alone(request))
+    fastest = results["candidates"][0]
+    assert fastest["samples_per_s"] == pytest.approx(fastest["batch"] / fastest["step_time_s"])
+    assert fastest["tokens_per_s"] is None and fastest["seq"] is None  # an MLP has no sequence
+
+
+def test_a_two_layer_gpt_search_ranks_as_planning_each_candidate_alone(tmp_path: Path) -> None:
+    request = gpt_search()
+    results = run_search(request, tmp_path)
+    assert len(results["candidates"]) == 4
+    assert_equal_to_alone(results, alone(request))
+    for row in results["candidates"]:
+        assert row["seq"] == 32
+        assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 32)
+
+
+def test_the_results_files_follow_the_contract(mlp_results) -> None:
+    _, results, out = mlp_results
+    written = json.loads((out / "results.json").read_text())
+    assert written == json.loads(json.dumps(results))
+    assert written["format"] == "autoshard.search" and written["version"] == 1
+    assert set(written["request"]) >= {
+        "model", "devices", "hardware", "memory_gib", "batch_sizes", "seq", "max_mesh_dims", "executor",
+        "workers", "time_limit_s",
+    }  # fmt: skip
+    assert isinstance(written["wall_s"], float) and written["wall_s"] > 0
+    for row in written["candidates"]:
+        assert set(row) == ROW_FIELDS
+        assert row["status"] in ("optimal", "feasible")
+        assert row["comm_s"] >= row["exposed_comm_s"] >= 0
+        assert row["step_time_s"] == pytest.approx(row["compute_s"] + row["exposed_comm_s"] + row["load_s"])
+        assert row["certificate"]["bound_s"] <= row["step_time_s"] * (1 + 1e-9)
+        plan = json.loads((out / row["plan_file"]).read_text())
+        assert plan["mesh"]["shape"] == row["mesh"]
+        profile = plan["predicted"]["memory_profile"]
+        assert 0 < len(profile["bytes"]) <= 256
+        assert max(profile["bytes"]) == plan["predicted"]["peak_memory_bytes"] == row["peak_memory_bytes"]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["id"] for r in rows] == [row["id"] for row in written["candidates"]]
+    pareto = written["pareto"]
+    assert pareto and pareto[0] == written["candidates"][0]["id"]
+    by_id = {row["id"]: row for row in written["candidates"]}
+    for front_id in pareto:  # nothing both faster and smaller
+        front = by_id[front_id]
+        assert not any(
+            row["samples_per_s"] > front["samples_per_s"]
+            and row["peak_memory_bytes"] < front["peak_memory_bytes"]
+            for row in written["candidates"]
+        )
+
+
+def test_infeasible_candidates_are_reported_with_their_smallest_peak(tmp_path: Path) -> None:
+    request = mlp_search(batch_sizes=[1024], memory_gib=0.001, workers=1)
+    results = run_search(request, tmp_path)
+    assert len(results["candidates"]) == 4
+    for candidate, row in zip(search_candidates(request), results["candidates"], strict=True):
+        assert row["status"] == "infeasible" and row["rank"] is None and row["plan_file"] is None
+        with pytest.raises(InfeasibleError) as alone_error:
+            plan_model(request.plan_request(candidate))
+        assert row["min_peak_bytes"] == alone_error.value.min_peak
+        assert row["min_peak_bytes"] > row["memory_budget_bytes"] == int(0.001 * 2**30)
+        assert "smallest peak" in row["error"]
+    assert results["pareto"] == []
+
+
+def test_a_failing_candidate_is_reported_and_the_search_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = planner.plan_captured
+
+    def fails_on_2x4(request, graph, repeat, progress=None):
+        if request.mesh == "2x4":
+            raise RuntimeError("the 2x4 planner broke\nsecond line")
+        return real(request, graph, repeat, progress)
+
+    monkeypatch.setattr(planner, "plan_captured", fails_on_2x4)
+    results = run_search(mlp_search(batch_sizes=[64], workers=1), tmp_path)
+    by_mesh = {tuple(row["mesh"]): row for row in results["candidates"]}
+    assert by_mesh[(2, 4)]["status"] == "failed"
+    assert by_mesh[(2, 4)]["error"] == "RuntimeError: the 2x4 planner broke"
+    assert by_mesh[(2, 4)]["rank"] is None
+    assert all(by_mesh[mesh]["rank"] is not None for mesh in ((8,), (4, 2), (2, 2, 2)))
+
+
+def test_a_configuration_that_cannot_be_captured_fails_its_candidates_only(tmp_path: Path) -> None:
+    results = run_search(mlp_search(options={"no_such_option": 1}, batch_sizes=[64], workers=1), tmp_path)
+    assert {row["status"] for row in results["candidates"]} == {"failed"}
+    assert all(row["error"].startswith("capture failed:") for row in results["candidates"])
+    assert json.loads((tmp_path / "results.json").read_text())["candidates"]
+
+
+def test_a_worker_process_that_dies_is_reported_and_the_search_still_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = planner.plan_captured
+
+    def dies_on_2x2x2(request, graph, repeat, progress=None):
+        if request.mesh == "2x2x2":
+            os._exit(3)  # the pool's workers are forked: they carry this patch
+        return real(request, graph, repeat, progress)
+
+    monkeypatch.setattr(planner, "plan_captured", dies_on_2x2x2)
+    results = run_search(mlp_search(batch_sizes=[64], workers=2), tmp_path)
+    assert len(results["candidates"]) == 4
+    by_mesh = {tuple(row["mesh"]): row for row in results["candidates"]}
+    assert by_mesh[(2, 2, 2)]["status"] == "failed"
+    assert by_mesh[(2, 2, 2)]["error"].startswith("worker lost: BrokenProcessPool")
+    assert json.loads((tmp_path / "results.json").read_text())["candidates"]
