@@ -168,13 +168,16 @@ def _unique_rows(specs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct rows of ``specs`` (int64, C order) and each row's index among them. A row is read as
     one integer (placement codes are small: -100 to a tensor's dims), so this is a 1-D unique."""
     rows = np.asarray(specs, dtype=np.int64).reshape(len(specs), -1)
+    if rows.shape[1] > SPEC_CODE_DIGITS:  # more axes than one int64 holds: rows compared as rows
+        unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+        return np.ascontiguousarray(unique), inverse.ravel()
     code = (rows + SPEC_CODE_OFFSET) @ (SPEC_CODE_BASE ** np.arange(rows.shape[1], dtype=np.int64))
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     return np.ascontiguousarray(rows[first]), inverse.ravel()
 
 
-SPEC_CODE_OFFSET, SPEC_CODE_BASE = 128, 256
-"""Placement codes (-128 to 127) as digits of one integer per spec row."""
+SPEC_CODE_OFFSET, SPEC_CODE_BASE, SPEC_CODE_DIGITS = 128, 256, 7
+"""Placement codes (-128 to 127) as digits of one int64 per spec row: up to 7 mesh axes (256**7 < 2**63)."""
 
 
 @lru_cache(maxsize=1 << 14)

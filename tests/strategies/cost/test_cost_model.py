@@ -8,6 +8,7 @@ import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -420,3 +421,13 @@ def test_vectorised_redistribution_equals_the_step_by_step_planner(mesh_text: st
     ]
     assert np.isinf(vectorised).any() and np.isfinite(vectorised).any()
     np.testing.assert_allclose(vectorised, stepwise, rtol=1e-12)
+
+
+@pytest.mark.parametrize("axes", [1, 3, 7, 8, 9])
+def test_distinct_spec_rows_are_found_for_any_number_of_mesh_axes(axes: int) -> None:
+    from strategies.cost.comm import _unique_rows
+
+    rows = np.random.default_rng(axes).choice([-100, -6, -2, -1, 0, 1, 2, 3], size=(400, axes))
+    unique, index = _unique_rows(rows.astype(np.int16))
+    assert (unique[index] == rows).all()
+    assert len(unique) == len(np.unique(rows, axis=0))
