@@ -22,6 +22,23 @@ app = typer.Typer(
 #: Exit codes of `autoshard solve`.
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 2, 3
 
+# Options several commands share (plan, export-graph, search): one declaration each.
+BatchOption = Annotated[int | None, typer.Option(help="global batch", min=1)]
+SeqOption = Annotated[int | None, typer.Option(help="sequence length", min=1)]
+LayersOption = Annotated[int | None, typer.Option(help="override the model's depth", min=1)]
+DtypeOption = Annotated[str, typer.Option(help="parameter dtype")]
+GapOption = Annotated[
+    float, typer.Option(help="stop once proven within this share of the optimum (0: prove)", min=0, max=1)
+]
+CapturedLayersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--captured-layers",
+        help="capture deep models with this many layers standing for all (0: every layer)",
+        min=0,
+    ),
+]
+
 
 @app.callback()
 def root() -> None:
@@ -141,23 +158,14 @@ def plan_command(
     axis_names: Annotated[str | None, typer.Option("--axis-names", help="e.g. dp,tp")] = None,
     memory_gib: Annotated[float | None, typer.Option("--memory-gib", help="per-device budget, GiB")] = None,
     hardware: Annotated[str, typer.Option(help="h100, h200, a100, b200, cpu or a .json/.yaml file")] = "h100",
-    batch: Annotated[int | None, typer.Option(help="global batch", min=1)] = None,
-    seq: Annotated[int | None, typer.Option(help="sequence length", min=1)] = None,
-    layers: Annotated[int | None, typer.Option(help="override the model's depth", min=1)] = None,
-    dtype: Annotated[str, typer.Option(help="parameter dtype")] = "bfloat16",
+    batch: BatchOption = None,
+    seq: SeqOption = None,
+    layers: LayersOption = None,
+    dtype: DtypeOption = "bfloat16",
     backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver seconds", min=0.1)] = 60.0,
-    gap: Annotated[
-        float, typer.Option(help="stop once proven within this share of the optimum (0: prove)", min=0, max=1)
-    ] = 0.01,
-    captured_layers: Annotated[
-        int | None,
-        typer.Option(
-            "--captured-layers",
-            help="capture deep models with this many layers standing for all (0: every layer)",
-            min=0,
-        ),
-    ] = 4,
+    gap: GapOption = 0.01,
+    captured_layers: CapturedLayersOption = 4,
     baseline: Annotated[
         str | None,
         typer.Option(help="plan a hand-written layout instead: ddp, fsdp, megatron or fsdp_tp"),
@@ -214,18 +222,11 @@ def export_graph_command(
         str, typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory")
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="write the graph JSON here")],
-    batch: Annotated[int | None, typer.Option(help="global batch", min=1)] = None,
-    seq: Annotated[int | None, typer.Option(help="sequence length", min=1)] = None,
-    layers: Annotated[int | None, typer.Option(help="override the model's depth", min=1)] = None,
-    dtype: Annotated[str, typer.Option(help="parameter dtype")] = "bfloat16",
-    captured_layers: Annotated[
-        int | None,
-        typer.Option(
-            "--captured-layers",
-            help="capture deep models with this many layers standing for all (0: every layer)",
-            min=0,
-        ),
-    ] = 4,
+    batch: BatchOption = None,
+    seq: SeqOption = None,
+    layers: LayersOption = None,
+    dtype: DtypeOption = "bfloat16",
+    captured_layers: CapturedLayersOption = 4,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:
     """Write a model's captured training step as a graph document (docs/graph-format.md, version 1).
@@ -369,12 +370,12 @@ def search_command(
     hardware: Annotated[str, typer.Option(help="h100, h200, a100, b200, cpu or a .json/.yaml file")] = "h100",
     memory_gib: Annotated[float | None, typer.Option("--memory-gib", help="per-device budget, GiB")] = None,
     batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="global batches, e.g. 8,16,32")] = "8",
-    seq: Annotated[int | None, typer.Option(help="sequence length", min=1)] = None,
-    layers: Annotated[int | None, typer.Option(help="override the model's depth", min=1)] = None,
+    seq: SeqOption = None,
+    layers: LayersOption = None,
     options: Annotated[
         str | None, typer.Option(help="model configuration overrides as JSON, e.g. '{\"dim\": 128}'")
     ] = None,
-    dtype: Annotated[str, typer.Option(help="parameter dtype")] = "bfloat16",
+    dtype: DtypeOption = "bfloat16",
     max_mesh_dims: Annotated[
         int, typer.Option("--max-mesh-dims", help="mesh axes at most", min=1, max=3)
     ] = 3,
@@ -387,9 +388,7 @@ def search_command(
     time_limit: Annotated[
         float, typer.Option("--time-limit", help="solver seconds per candidate", min=0.1)
     ] = 60.0,
-    gap: Annotated[
-        float, typer.Option(help="stop once proven within this share of the optimum (0: prove)", min=0, max=1)
-    ] = 0.01,
+    gap: GapOption = 0.01,
     backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
     overlap: Annotated[
         float,
