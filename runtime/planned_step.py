@@ -212,7 +212,7 @@ class PlannedStep:
             )
 
     def _moved_once(self) -> set[tuple[fx.Node, int]]:
-        """(value, output) pairs that every reader (op arguments, a gradient's parameter) reads in one same
+        """(op output, index) pairs that every reader (op arguments, a gradient's parameter) reads in one same
         placement; the plan's ``predict`` counts the move of such a value once, as :meth:`_run` makes it."""
         wanted: dict[tuple[fx.Node, int], set[tuple | None]] = {}
         for node in self.graph.order:
@@ -226,7 +226,9 @@ class PlannedStep:
         for name, node in self.graph.gradients.items():
             wanted.setdefault((node, 0), set()).add(tuple(self.parameter_placements[name] or ()))
         wanted.setdefault((self.graph.loss, 0), set()).add((Replicate(),) * self.mesh.ndim)
-        return {key for key, placements in wanted.items() if len(placements) == 1}
+        return {  # op outputs only: a parameter, buffer or input lives on with its caller, copy or not
+            key for key, placements in wanted.items() if len(placements) == 1 and key[0].op != "placeholder"
+        }
 
     def distribute_parameters(self, parameters: Mapping[str, torch.Tensor]) -> dict[str, torch.nn.Parameter]:
         """Each parameter as a DTensor parameter with its planned placements (from the full tensor every rank

@@ -153,8 +153,8 @@ def memory_profile(
 
 
 def _moved_once(built: BuiltProblem, chosen: np.ndarray) -> set[tuple[int, int]]:
-    """(producer, output) values every reader reads in one same other placement whose largest local piece is
-    no larger than the value's own: the runtime moves such a value once and the copy replaces it."""
+    """(producer, output) op values every reader reads in one same other placement whose largest local piece
+    is no larger than the value's own: the runtime moves such a value once and the copy replaces it."""
     wanted: dict[tuple[int, int], set[tuple[int, ...]]] = {}
     for edge in built.edges:
         spec = built.nodes[edge.consumer].input_specs[chosen[edge.consumer], edge.argument]
@@ -162,6 +162,8 @@ def _moved_once(built: BuiltProblem, chosen: np.ndarray) -> set[tuple[int, int]]
     once = set()
     for (producer, output), specs in wanted.items():
         node = built.nodes[producer]
+        if node.kind != "op":  # a parameter, buffer or input lives on with its caller: no copy replaces it
+            continue
         src = node.output_specs[chosen[producer], output]
         if len(specs) != 1 or (dst := next(iter(specs))) == tuple(int(c) for c in src):
             continue
