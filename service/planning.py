@@ -76,16 +76,13 @@ def check_graph(graph: dict[str, Any], max_bytes: int) -> int:
     return sum(value.numel() * value.element_size() for value in values)
 
 
-GRAPH_FIXES = ("batch", "seq", "layers", "options")
-"""Request fields a graph fixes itself: refused beside one."""
-
-
 def validate_plan(request: dict[str, Any], max_graph_bytes: int, max_time_limit_s: float) -> None:
     """Refuse what can be refused before any work, naming the field: the model, its options and shapes,
     the mesh, hardware, pinned placements, the time limit, and a memory budget below the parameters'
     smallest share per device. Builds the model on the meta device (no memory)."""
     from strategies.cost.hardware import override_hardware
     from strategies.cost.mesh import make_mesh
+    from strategies.graph.graph_format import FIXED_BY_GRAPH, check_beside_graph
     from strategies.models import MODELS
     from strategies.placement import parse_spec
 
@@ -93,9 +90,10 @@ def validate_plan(request: dict[str, Any], max_graph_bytes: int, max_time_limit_
     if has_model == has_graph:
         raise BadRequest("model", "give exactly one of model (a built-in name) or graph")
     if has_graph:
-        for name in GRAPH_FIXES:
-            if request[name]:
-                raise BadRequest(name, f"a graph fixes its own shapes and configuration; leave {name} unset")
+        try:
+            check_beside_graph(request)
+        except ValueError as error:
+            raise _named(error, {name: name for name in FIXED_BY_GRAPH}) from error
     elif request["model"] not in MODELS:
         raise BadRequest("model", f"unknown model {request['model']!r}; built-in models are {sorted(MODELS)}")
     if request["solver"]["time_limit_s"] > max_time_limit_s:

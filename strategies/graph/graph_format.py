@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,6 +263,17 @@ def check_items(items: list | dict, where: str, limits: GraphLimits) -> None:
         raise GraphTooLarge(where, f"more than {limits.max_items} items")
 
 
+FIXED_BY_GRAPH = ("batch", "seq", "layers", "options")
+"""Plan request fields a graph document fixes itself (its shapes and the model's configuration)."""
+
+
+def check_beside_graph(fields: Mapping[str, Any]) -> None:
+    """Refuse a plan request that sets beside a graph a field the graph fixes (``ValueError`` naming it)."""
+    for name in FIXED_BY_GRAPH:
+        if fields.get(name) not in (None, {}):
+            raise ValueError(f"{name}: a graph fixes its own shapes and configuration; leave {name} unset")
+
+
 def lookup(table: dict[str, Any], name: str, where: str, what: str) -> Any:
     if name not in table:
         raise GraphFormatError(where, f"unknown {what} {name[:40]!r}")
@@ -272,6 +283,7 @@ def lookup(table: dict[str, Any], name: str, where: str, what: str) -> Any:
 __all__ = [
     "ALLOWED_NAMESPACES",
     "DEFAULT_LIMITS",
+    "FIXED_BY_GRAPH",
     "FORMAT",
     "PASSES",
     "VERSION",
@@ -279,5 +291,6 @@ __all__ = [
     "GraphFormatError",
     "GraphLimits",
     "GraphTooLarge",
+    "check_beside_graph",
     "encode_value",
 ]

@@ -281,14 +281,10 @@ def _load_and_build(
 ) -> BuiltProblem:
     """Read the request's graph document (refused with a GraphFormatError naming the field), build the
     problem; ``timings`` gets the seconds of the load and of the build."""
-    from strategies.graph.graph_format import GraphFormatError
+    from strategies.graph.graph_format import FIXED_BY_GRAPH, GraphFormatError, check_beside_graph
     from strategies.graph.imported import load_graph
 
-    for name in ("batch", "seq", "layers"):
-        if getattr(request, name) is not None:
-            raise ValueError(f"{name}: a graph fixes its own shapes; leave {name} unset")
-    if request.options:
-        raise ValueError("options: a graph fixes its own configuration; leave options unset")
+    check_beside_graph({name: getattr(request, name) for name in FIXED_BY_GRAPH})
     if request.model:
         raise ValueError("model: give a model or a graph, not both")
     started = time.perf_counter()

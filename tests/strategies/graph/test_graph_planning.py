@@ -16,7 +16,7 @@ from strategies.graph.export import export_graph, graph_document, graph_json
 from strategies.graph.imported import load_graph, read_graph
 from strategies.graph.passes import capture_for_planning
 from strategies.models import build_model
-from strategies.plan.planner import capture_request, plan_model
+from strategies.plan.planner import PlanRequest, capture_request, plan_model
 from strategies.problem.layer_repeat import LayerRepeat
 from tests.strategies.graph.graph_documents import (
     REQUESTS,
@@ -211,3 +211,13 @@ def test_constants_tied_parameters_and_input_gradients_survive_the_round_trip() 
     assert list(loaded.buffers) == ["_tensor_constant0"] and loaded.input_gradients[0].name == (
         captured.input_gradients[0].name
     )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("batch", 8), ("seq", 64), ("layers", 2), ("options", {"d": 64})]
+)
+def test_a_field_the_graph_fixes_is_refused_beside_it_by_name(field: str, value: Any) -> None:
+    document = json.loads(exported_text("mlp"))
+    request = PlanRequest(model="", mesh="4", graph=document, **{field: value})
+    with pytest.raises(ValueError, match=f"^{field}: a graph fixes its own shapes"):
+        plan_model(request)
