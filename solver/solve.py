@@ -80,7 +80,14 @@ HEURISTIC_QUIET_S = {False: 1.0, True: 0.25}
 LAZY_MEMORY_START = 0.9
 #: Solve modes: the whole program, the heuristic alone, the heuristic then region-by-region search.
 FULL, HEURISTIC, LNS = "full", "heuristic", "lns"
-#: Share of the time limit left for mapping back and re-costing the answer.
+#: The phases after the reductions share the time left then, but never less than this share of the limit
+#: (the reductions of a large problem may take most of a short one, and an answer is still owed).
+MIN_LEFT_SHARE = 0.25
+#: The heuristic's least time: this long, or this share of the time left when that is shorter (its first
+#: kernel calls run before it reads the clock, so even a tiny budget gets an answer).
+HEURISTIC_MIN_S = 0.5
+HEURISTIC_MIN_SHARE = 0.25
+#: Share of the time left for mapping back and re-costing the answer.
 FINISH_RESERVE = 0.02
 #: Share of the time limit kept for the Lagrangian bound when no exact backend runs on the whole program
 #: (TRW-S needs 5-15 s to stall on a 4x4x4-mesh llama problem; 5% of a minute left a 61% gap, 20% 3.7%).
@@ -162,16 +169,18 @@ def solve(
     _check_memory_possible(core)
 
     engine, mode = _plan(core, backend)
-    bound_deadline = deadline - FINISH_RESERVE * time_limit
-    work_deadline = bound_deadline - (0.0 if mode == FULL else BOUND_SHARE * time_limit)
-    share = heuristic_share if heuristic_share is not None else _heuristic_share(core, mode)
-    budget = max(0.5, share * (work_deadline - time.perf_counter()))
+    # Every phase's share is of the time left now, after the reductions: on a plan search's short limits the
+    # reductions of a large problem take much of it, and shares of the whole limit would overrun it.
+    now = time.perf_counter()
+    left = max(deadline - now, MIN_LEFT_SHARE * time_limit)
+    bound_deadline = now + (1.0 - FINISH_RESERVE) * left
+    work_deadline = bound_deadline - (0.0 if mode == FULL else BOUND_SHARE * left)
 
     known_bound = -math.inf
     searched: BranchResult | None = None
     if mode != HEURISTIC and core.usage_limit is not None and relative_gap > 0:
-        search_deadline = started + LAGRANGIAN_SHARE * time_limit
-        restricted_seconds = RESTRICTED_SHARE * time_limit
+        search_deadline = now + LAGRANGIAN_SHARE * left
+        restricted_seconds = RESTRICTED_SHARE * left
         searched = _lagrangian_search(
             core, engine, relative_gap, search_deadline, restricted_seconds, threads, timings
         )
@@ -206,6 +215,9 @@ def solve(
         # backend waits, so the heuristic stops once quiet (without the patience its late gains would earn).
         return first_work.done() and stagnation.quiet_now()
 
+    share = heuristic_share if heuristic_share is not None else _heuristic_share(core, mode)
+    least = min(HEURISTIC_MIN_S, HEURISTIC_MIN_SHARE * left)
+    budget = max(least, share * (work_deadline - time.perf_counter()))
     warm_up()
     incumbent = portfolio_solve(
         core,
@@ -246,7 +258,7 @@ def solve(
     elif mode == LNS and incumbent is not None:
         if _use_pruned(core):
             phase = time.perf_counter()
-            pruned = _pruned(core, engine, incumbent, started, time_limit, threads, relative_gap)
+            pruned = _pruned(core, engine, incumbent, left, work_deadline, threads, relative_gap)
             timings["pruned"] = time.perf_counter() - phase
             known_bound = max(known_bound, pruned.bound)
             if pruned.assignment is not None and core.cost(pruned.assignment) < core.cost(incumbent):
@@ -455,16 +467,16 @@ def _pruned(
     core: CompactProblem,
     engine: str,
     incumbent: np.ndarray,
-    started: float,
-    time_limit: float,
+    left: float,
+    deadline: float,
     threads: int,
     relative_gap: float,
 ) -> Pruned:
-    """`solver.large.pruned`: TRW-S for up to `PRUNED_TRWS_SHARE` of the time limit, then the program over
-    each node's best strategies, whole, for up to `PRUNED_SOLVE_SHARE`."""
-    now = time.perf_counter()
-    trws_deadline = now + PRUNED_TRWS_SHARE * time_limit
-    solve_deadline = min(started + time_limit, trws_deadline + PRUNED_SOLVE_SHARE * time_limit)
+    """`solver.large.pruned`: TRW-S for up to `PRUNED_TRWS_SHARE` of the time ``left`` after the reductions,
+    then the program over each node's best strategies, whole, for up to `PRUNED_SOLVE_SHARE` (and never past
+    ``deadline``)."""
+    trws_deadline = min(deadline, time.perf_counter() + PRUNED_TRWS_SHARE * left)
+    solve_deadline = min(deadline, trws_deadline + PRUNED_SOLVE_SHARE * left)
 
     def solve_restricted(restricted: CompactProblem, start: np.ndarray | None, deadline: float):
         result, _variables, _constraints = _solve_whole(

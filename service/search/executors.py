@@ -25,6 +25,8 @@ as they are produced (a configuration's candidates as soon as it is captured).""
 
 class Executor(Protocol):
     name: str
+    cores_per_task: int
+    """The cores each task may use (its solver's threads)."""
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
         """Each task's outcome, in the order they finish."""
@@ -37,6 +39,9 @@ class InlineExecutor:
     """Plans one candidate after the other in this process (one worker; the service's job processes)."""
 
     name = "inline"
+
+    def __init__(self) -> None:
+        self.cores_per_task = os.cpu_count() or 1
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
         for task, graph in work:
@@ -53,6 +58,7 @@ class LocalPoolExecutor:
 
     def __init__(self, workers: int) -> None:
         method = "fork" if sys.platform.startswith("linux") else "spawn"
+        self.cores_per_task = max(1, (os.cpu_count() or 1) // workers)
         self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
@@ -85,7 +91,8 @@ class RayExecutor:
         if self.started_here:
             address = address or os.environ.get("RAY_ADDRESS")
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        self.remote = ray.remote(num_cpus=1, max_retries=0)(plan_candidate)
+        self.cores_per_task = 1
+        self.remote = ray.remote(num_cpus=self.cores_per_task, max_retries=0)(plan_candidate)
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
         ray = self.ray

@@ -84,7 +84,8 @@ def run_search(
         todo = [c for c in candidates if c.id not in cached]
         if todo and executor is None:
             executor = make_executor(request.executor, min(request.workers, len(todo)))
-        work = _work(request, todo, capture_failed, say)
+        threads = executor.cores_per_task if executor is not None else 1
+        work = _work(request, todo, capture_failed, say, threads)
         try:
             for outcome in executor.run(work) if executor is not None else ():
                 candidate = by_id[outcome["id"]]
@@ -110,6 +111,7 @@ def _work(
     candidates: list[Candidate],
     capture_failed: Callable[[Candidate, str], None],
     say: Callable[[str], None],
+    threads: int,
 ) -> Iterator[tuple[CandidateTask, dict[str, Any]]]:
     """Each candidate with the graph document of its configuration, captured once per batch: a batch's
     candidates are handed over as soon as it is captured (workers plan them while the next batch is
@@ -132,7 +134,7 @@ def _work(
             continue
         digest = graph_digest(document)
         for candidate in sorted(group, key=lambda c: -len(c.mesh)):
-            yield CandidateTask(candidate.id, request.plan_request(candidate), digest), document
+            yield CandidateTask(candidate.id, request.plan_request(candidate), digest, threads), document
 
 
 def sequence_of(request: SearchRequest) -> int | None:

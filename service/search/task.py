@@ -27,6 +27,9 @@ class CandidateTask:
     candidate_id: str
     request: PlanRequest
     graph_digest: str
+    threads: int = 1
+    """Cores its solve may use: the executor's cores per task (a pool of two on two cores: one each; two
+    would fork a second heuristic per solve onto a core the other worker needs)."""
 
 
 def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]:
@@ -40,7 +43,7 @@ def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]
     outcome: dict[str, Any] = {"id": task.candidate_id, "plan": None, "min_peak_bytes": None, "error": None}
     try:
         imported = _graph(task.graph_digest, graph)
-        plan = plan_captured(task.request, imported.graph, imported.repeat).plan
+        plan = plan_captured(task.request, imported.graph, imported.repeat, threads=task.threads).plan
         outcome.update(status=plan["solver"]["status"], plan=plan)
     except InfeasibleError as error:
         outcome.update(status=INFEASIBLE, min_peak_bytes=error.min_peak, error=str(error))

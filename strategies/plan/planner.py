@@ -30,6 +30,8 @@ DEFAULT_BATCH = 8
 DEFAULT_SEQ = 1024
 DEFAULT_CAPTURED_LAYERS = MIN_CAPTURED
 DEFAULT_GAP = 0.01
+SOLVER_THREADS = 2
+"""Cores one plan's solve uses (the machines this runs on have two)."""
 
 
 @dataclass
@@ -110,17 +112,19 @@ def plan_captured(
     graph: JointGraph,
     repeat: LayerRepeat | None,
     progress: Progress | None = None,
+    threads: int = SOLVER_THREADS,
 ) -> PlanOutcome:
     """Plan ``request`` from a step captured (or loaded from a graph document) before: build the problem on
     the request's mesh, solve, plan. A search captures once per model configuration and plans every mesh
-    from it; the plan equals :func:`plan_model`'s of the same request."""
+    from it; the plan equals :func:`plan_model`'s of the same request. ``threads``: cores the solver may use
+    (a search running several candidates at once gives each its share)."""
     say = progress or (lambda message: None)
     timings: dict[str, float] = {}
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
     _check_baseline(request.baseline, mesh)
     started = time.perf_counter()
     built = _build(graph, request, mesh, repeat, say, timings)
-    return _solve_and_plan(request, mesh, built, say, timings, started)
+    return _solve_and_plan(request, mesh, built, say, timings, started, threads)
 
 
 def _solve_and_plan(
@@ -130,6 +134,7 @@ def _solve_and_plan(
     say: Progress,
     timings: dict[str, float],
     started: float,
+    threads: int = SOLVER_THREADS,
 ) -> PlanOutcome:
     problem = built.problem
     if request.baseline is not None:
@@ -143,6 +148,7 @@ def _solve_and_plan(
             problem,
             backend=request.backend,
             time_limit=request.time_limit,
+            threads=threads,
             relative_gap=request.gap,
             progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
         )
