@@ -1,12 +1,8 @@
 """Communication costs: collectives on one mesh axis, and redistributing a tensor between specs.
 
-Collectives (alpha-beta; ``n`` devices on the axis, link bandwidth ``B`` bytes/s, per-hop latency
-``a`` s, fixed start cost ``c`` s = ``hardware.collective_launch_s``):
-
-- all-gather producing ``S`` bytes per device:   ``c + (n-1) a + (n-1)/n * S / B``            (ring)
-- reduce-scatter of ``S`` input bytes per device: ``c + (n-1) a + (n-1)/n * S / B``            (ring)
-- all-reduce of ``S`` bytes: ``c + min(2(n-1) a + 2(n-1)/n * S/B,  2 ceil(log2 n) a + 2 S/B)`` (ring, tree)
-- all-to-all of ``S`` bytes per device:          ``c + (n-1) a + (n-1)/n * S / B``
+Collectives are priced by the alpha-beta formulas of `strategies.cost.comm_kernel` (one ring pass for
+all-gather, reduce-scatter and all-to-all; the cheaper of ring and tree for all-reduce; 0 s on an axis of
+one device).
 
 Redistribution follows the steps DTensor takes (its greedy planner in ``_redistribute.py``): first,
 from the innermost axis out, axes whose target shards a tensor dim that is sharded differently on an
@@ -21,8 +17,9 @@ from \\ to              ``R``                        ``S(d)``                   
 ======================  ===========================  ===========================
 
 Bytes at each step are those of the largest local piece at that moment (uneven shards count the
-largest piece). The cost of a pair of specs is cached by (mesh, shape, itemsize, src, dst); a whole
-``[producer strategy, consumer strategy]`` matrix is built from the distinct specs only.
+largest piece). :func:`redistribute_steps` and :func:`redistribute_s` apply these rules step by step (the
+reference, and the steps a plan reports); a whole ``[producer strategy, consumer strategy]`` matrix is priced
+by the numba kernel of `strategies.cost.comm_kernel` on the distinct specs only, then expanded.
 """
 
 from __future__ import annotations
@@ -33,41 +30,33 @@ from functools import lru_cache
 
 import numpy as np
 
+from strategies.cost import comm_kernel
+from strategies.cost.comm_kernel import axis_terms
 from strategies.cost.mesh import Mesh
-from strategies.placement import NONE, P_MASK, P, R, Spec, is_partial, is_shard
+from strategies.placement import NONE, P_MASK, R, Spec, is_partial, is_shard
 
 INF = float("inf")
 
 
 def all_gather_s(mesh: Mesh, axis: int, out_bytes: float) -> float:
-    return _ring_s(mesh, axis, out_bytes)
+    return float(_ring_pass_s(axis_terms(mesh), axis, float(out_bytes)))
 
 
 def reduce_scatter_s(mesh: Mesh, axis: int, in_bytes: float) -> float:
-    return _ring_s(mesh, axis, in_bytes)
+    return float(_ring_pass_s(axis_terms(mesh), axis, float(in_bytes)))
 
 
 def all_to_all_s(mesh: Mesh, axis: int, nbytes: float) -> float:
-    return _ring_s(mesh, axis, nbytes)
+    return float(_ring_pass_s(axis_terms(mesh), axis, float(nbytes)))
 
 
 def all_reduce_s(mesh: Mesh, axis: int, nbytes: float) -> float:
-    n = mesh.shape[axis]
-    if n == 1:
-        return 0.0
-    link = mesh.links[axis]
-    ring = 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
-    tree = 2 * math.ceil(math.log2(n)) * link.latency + 2 * nbytes / link.bandwidth
-    return mesh.hardware.collective_launch_s + np.minimum(ring, tree)
+    return float(_all_reduce_s(axis_terms(mesh), axis, float(nbytes)))
 
 
-def _ring_s(mesh: Mesh, axis: int, nbytes: float) -> float:
-    """``c + (n-1) a + (n-1)/n * S / B``: one pass around the ring of the axis."""
-    n = mesh.shape[axis]
-    if n == 1:
-        return 0.0
-    link = mesh.links[axis]
-    return mesh.hardware.collective_launch_s + (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+# The kernel's formulas, run as Python: the same floats, and nothing compiled for one scalar.
+_ring_pass_s = comm_kernel.ring_pass_s.py_func
+_all_reduce_s = comm_kernel.all_reduce_s.py_func
 
 
 @dataclass(frozen=True)
@@ -102,8 +91,9 @@ def local_numel(shape: tuple[int, ...], spec: Spec, mesh_shape: tuple[int, ...])
 
 
 def redistribute_steps(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec, dst: Spec) -> list[Step]:
-    """The per-axis moves taking a tensor from ``src`` to ``dst``; a step of infinite cost when impossible."""
-    state = list(src)
+    """The per-axis moves taking a tensor from ``src`` to ``dst``; a step of infinite cost when impossible.
+    ``NONE`` in ``src`` (no tensor there) reads as ``R``: nothing to gather or reduce."""
+    state = [R if code == NONE else code for code in src]
     steps: list[Step] = []
 
     def move(axis: int, want: int) -> None:
@@ -157,11 +147,29 @@ def redistribute_s(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec,
 def redistribute_matrix(
     mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_specs: np.ndarray, dst_specs: np.ndarray
 ) -> np.ndarray:
-    """``[len(src_specs), len(dst_specs)]`` seconds; specs are ``[n, mesh.ndim]`` integer arrays."""
-    src_unique, src_index = _unique_rows(src_specs)
-    dst_unique, dst_index = _unique_rows(dst_specs)
-    small = _cost_table(mesh, tuple(shape), itemsize, src_unique.tobytes(), dst_unique.tobytes())
-    return small[np.ix_(src_index, dst_index)]
+    """``[len(src_specs), len(dst_specs)]`` seconds, a new array; specs are ``[n, mesh.ndim]`` integer arrays.
+
+    The table is priced between the distinct specs only (and cached, the same edges recur in every layer),
+    then expanded to every pair of specs.
+    """
+    src_keys, src_index = _distinct_specs(src_specs)
+    dst_keys, dst_index = _distinct_specs(dst_specs)
+    small = _cost_table(mesh, tuple(shape), itemsize, src_keys, dst_keys)
+    return comm_kernel.expand(small, src_index, dst_index)
+
+
+def _distinct_specs(specs: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """:func:`_unique_rows` as the bytes of the distinct rows (a key of :func:`_cost_table`) and each row's
+    index among them, cached by the rows' bytes: a node's specs recur on all its edges and in every layer."""
+    rows = np.ascontiguousarray(specs)
+    return _distinct_rows(rows.tobytes(), rows.dtype.str, rows.shape)
+
+
+@lru_cache(maxsize=1 << 10)
+def _distinct_rows(data: bytes, dtype: str, shape: tuple[int, ...]) -> tuple[bytes, np.ndarray]:
+    unique, index = _unique_rows(np.frombuffer(data, dtype=dtype).reshape(shape))
+    index.flags.writeable = False
+    return unique.tobytes(), index
 
 
 def _unique_rows(specs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -186,11 +194,9 @@ def _cost_table(
 ) -> np.ndarray:
     """``[src, dst]`` seconds between distinct specs (given as the bytes of int64 ``[n, mesh.ndim]``
     arrays); cached because the same edges recur in every layer."""
-    src = np.frombuffer(src_keys, dtype=np.int64).reshape(-1, mesh.ndim)
-    dst = np.frombuffer(dst_keys, dtype=np.int64).reshape(-1, mesh.ndim)
-    pairs_src = np.repeat(src, len(dst), axis=0)
-    pairs_dst = np.tile(dst, (len(src), 1))
-    table = pair_costs(mesh, shape, itemsize, pairs_src, pairs_dst).reshape(len(src), len(dst))
+    src = _checked(np.frombuffer(src_keys, dtype=np.int64).reshape(-1, mesh.ndim), shape)
+    dst = _checked(np.frombuffer(dst_keys, dtype=np.int64).reshape(-1, mesh.ndim), shape)
+    table = comm_kernel.table_s(src, dst, *_kernel_arguments(mesh, shape, itemsize))
     table.flags.writeable = False
     return table
 
@@ -198,76 +204,46 @@ def _cost_table(
 def pair_costs(
     mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: np.ndarray, dst: np.ndarray
 ) -> np.ndarray:
-    """Seconds for many (src, dst) spec pairs at once: :func:`redistribute_steps` run on arrays.
-
-    Both phases of DTensor's planner are applied to all pairs together, one mesh axis at a time; the
-    local bytes of every state come from a table over all specs of the tensor (a spec is a number in
-    base ``ndim + 7``).
-    """
-    lookup, weights = _bytes_table(mesh, tuple(shape), itemsize)
-    state = np.where(src == NONE, R, src).astype(np.int64)
-    key = (state - _LOWEST) @ weights
-    cost = np.zeros(len(src))
-
-    def move(axis: int, want: np.ndarray, moving: np.ndarray) -> None:
-        nonlocal key
-        rows = np.flatnonzero(moving)
-        if not len(rows):
-            return
-        have, to = state[rows, axis], want[rows]
-        new_key = key[rows] + (np.where(to == NONE, R, to) - have) * weights[axis]
-        cost[rows] += _step_costs(mesh, axis, have, to, lookup[key[rows]], lookup[new_key])
-        state[rows, axis] = to
-        key[rows] = new_key
-
-    if mesh.ndim > 1:
-        sharded = np.where(state >= 0, np.asarray(mesh.shape), 1).prod(axis=1) > 1
-        for axis in reversed(range(mesh.ndim)):  # undo nested sharding from the inside out
-            want = dst[:, axis].copy()
-            if axis:
-                outer = (state[:, :axis] == want[:, None]) != (dst[:, :axis] == want[:, None])
-                want[(want >= 0) & outer.any(axis=1)] = R
-            move(axis, want, sharded & (state[:, axis] != want))
-    for axis in range(mesh.ndim):
-        move(axis, dst[:, axis], state[:, axis] != dst[:, axis])
-    cost[(dst == NONE).any(axis=1) | (src == dst).all(axis=1)] = 0.0
-    return cost
+    """Seconds for many (src, dst) spec pairs (``[n, mesh.ndim]`` each) at once: the rules of
+    :func:`redistribute_steps`, run by a numba kernel one pair at a time."""
+    src = _checked(np.ascontiguousarray(src, dtype=np.int64).reshape(-1, mesh.ndim), shape)
+    dst = _checked(np.ascontiguousarray(dst, dtype=np.int64).reshape(-1, mesh.ndim), shape)
+    if len(src) != len(dst):
+        raise ValueError(f"pair_costs: {len(src)} source specs for {len(dst)} target specs")
+    return comm_kernel.pairs_s(src, dst, *_kernel_arguments(mesh, tuple(shape), itemsize))
 
 
-_LOWEST = P_MASK  # the smallest placement code
+def _checked(specs: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``specs``, refused when a code is not a placement of a tensor of ``shape`` (the kernels index the bytes
+    table with the codes and do not check bounds)."""
+    if specs.size and ((specs >= len(shape)) | ((specs < P_MASK) & (specs != NONE))).any():
+        raise ValueError(f"not a placement of a {len(shape)}-d tensor in {np.unique(specs).tolist()}")
+    return specs
+
+
+def _kernel_arguments(
+    mesh: Mesh, shape: tuple[int, ...], itemsize: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What the kernels read besides the specs: axis sizes, the bytes table and its weights, axis terms."""
+    lookup, weights = _bytes_table(mesh, shape, itemsize)
+    return np.asarray(mesh.shape, dtype=np.int64), lookup, weights, axis_terms(mesh)
 
 
 @lru_cache(maxsize=4096)
 def _bytes_table(mesh: Mesh, shape: tuple[int, ...], itemsize: int) -> tuple[np.ndarray, np.ndarray]:
-    """Local bytes of every spec of a tensor, indexed by ``(spec - P_MASK) @ weights``."""
-    base = len(shape) - _LOWEST
+    """Local bytes of every spec of a tensor, indexed by ``(spec - P_MASK) @ weights``: a spec is a number in
+    base ``ndim + 6``, its digits the placement codes ``P_MASK`` to ``S(ndim - 1)`` shifted to start at 0."""
+    base = len(shape) - P_MASK
     weights = base ** np.arange(mesh.ndim - 1, -1, -1, dtype=np.int64)
-    digits = np.indices((base,) * mesh.ndim).reshape(mesh.ndim, -1).T + _LOWEST
+    digits = np.indices((base,) * mesh.ndim).reshape(mesh.ndim, -1).T + P_MASK
     numel = local_sizes(digits, shape, mesh.shape).prod(axis=1).astype(np.float64)
     return numel * itemsize, weights
-
-
-def _step_costs(
-    mesh: Mesh, axis: int, have: np.ndarray, want: np.ndarray, before: np.ndarray, after: np.ndarray
-) -> np.ndarray:
-    """Seconds of moving ``axis`` from ``have`` to ``want`` (per pair), local bytes before and after."""
-    have_shard, want_shard = have >= 0, want >= 0
-    have_partial = (have <= P) & (have != NONE)
-    cost = np.full(len(have), INF)
-    cost[(have == R) | (want == NONE)] = 0.0
-    gather = have_shard & (want == R)
-    cost[gather] = all_gather_s(mesh, axis, after[gather])
-    swap = have_shard & want_shard
-    cost[swap] = all_to_all_s(mesh, axis, before[swap])
-    reduce = have_partial & (want == R)
-    cost[reduce] = all_reduce_s(mesh, axis, before[reduce])
-    scatter = have_partial & want_shard
-    cost[scatter] = reduce_scatter_s(mesh, axis, before[scatter])
-    return cost
 
 
 def clear_cache() -> None:
     """Forget every cached redistribution cost (benchmarks time cold runs)."""
     redistribute_s.cache_clear()
+    _distinct_rows.cache_clear()
     _cost_table.cache_clear()
     _bytes_table.cache_clear()
+    axis_terms.cache_clear()

@@ -154,11 +154,12 @@ class _Builder:
         dst = c.input_specs[:, argument, :]
         if (dst == NONE).all():
             return
-        seconds = redistribute_matrix(self.mesh, meta.shape, meta.itemsize, src, dst)
+        seconds = redistribute_matrix(self.mesh, meta.shape, meta.itemsize, src, dst)  # new: scaled in place
         if kind in ("parameter", "gradient"):
-            seconds = seconds * (1.0 - self.overlap)
+            seconds *= 1.0 - self.overlap
+        seconds /= COST_UNIT_S
         self.edges.append(Edge(producer, consumer, output, argument, kind))
-        self.edge_costs.append(seconds / COST_UNIT_S)
+        self.edge_costs.append(seconds)
 
 
 def placeholder_node(
@@ -331,12 +332,14 @@ def build_problem(
         raise ValueError("layer repeat: needs the module paths of the graph and shared layers")
     node_scale = np.ones(len(b.nodes)) if node_weight is None else node_weight
     edge_scale = np.ones(len(b.edges)) if edge_weight is None else edge_weight
+    for matrix, weight in zip(b.edge_costs, edge_scale.tolist(), strict=True):
+        matrix *= weight  # in place: the matrices are the builder's own (no second copy of every edge)
     problem = Problem.from_lists(
         costs=[n.compute_s / COST_UNIT_S * w for n, w in zip(b.nodes, node_scale.tolist(), strict=True)],
         usages=[n.memory_bytes for n in b.nodes],
         intervals=b.intervals,
         edges=[(e.producer, e.consumer) for e in b.edges],
-        edge_costs=[m * w for m, w in zip(b.edge_costs, edge_scale.tolist(), strict=True)],
+        edge_costs=b.edge_costs,
         usage_limit=memory_limit,
         groups=merge_groups(b.groups),
         pins=b.pins,

@@ -397,32 +397,6 @@ def test_the_second_call_returns_the_cached_object() -> None:
     assert op_strategies(aten.mm.default, args, {}, make_mesh((2, 2))) is not first
 
 
-@pytest.mark.parametrize("mesh_text", ["4", "2x4", "16x8", "4x4x4"])
-def test_vectorised_redistribution_equals_the_step_by_step_planner(mesh_text: str) -> None:
-    import itertools
-
-    import numpy as np
-
-    from strategies.cost.comm import pair_costs, redistribute_s
-    from strategies.placement import P_AVG, P_MASK, P_MAX, P
-
-    mesh = make_mesh(mesh_text)
-    codes = [R, P, P_AVG, P_MAX, P_MASK, 0, 1, 2]
-    specs = list(itertools.product(codes, repeat=mesh.ndim))
-    rng = np.random.default_rng(7)
-    index = rng.integers(0, len(specs), (2000, 2))
-    src = np.array([specs[i] for i in index[:, 0]])
-    dst = np.array([specs[i] for i in index[:, 1]])
-    shape = (16, 12, 6)
-    vectorised = pair_costs(mesh, shape, 2, src, dst)
-    stepwise = [
-        redistribute_s(mesh, shape, 2, tuple(map(int, a)), tuple(map(int, b)))
-        for a, b in zip(src, dst, strict=True)
-    ]
-    assert np.isinf(vectorised).any() and np.isfinite(vectorised).any()
-    np.testing.assert_allclose(vectorised, stepwise, rtol=1e-12)
-
-
 @pytest.mark.parametrize("axes", [1, 3, 7, 8, 9])
 def test_distinct_spec_rows_are_found_for_any_number_of_mesh_axes(axes: int) -> None:
     from strategies.cost.comm import _unique_rows
