@@ -41,11 +41,13 @@ def run(workers: int, time_limit: float, gap: float, out: Path) -> tuple[float, 
 
 
 def time_split(results: dict[str, Any], out: Path) -> dict[str, dict[str, float]]:
-    """Per mesh rank (1-D, 2-D, 3-D): candidates, and the seconds of their build, solve and all."""
+    """Per mesh rank (1-D, 2-D, 3-D): candidates, the seconds of their build, solve and all, and the longest
+    solve (against the time limit: the solver shares it among its phases after the reductions)."""
     split: dict[str, dict[str, float]] = {}
     for row in results["candidates"]:
         part = split.setdefault(
-            f"{len(row['mesh'])}-D", {"candidates": 0, "build_s": 0.0, "solve_s": 0.0, "all_s": 0.0}
+            f"{len(row['mesh'])}-D",
+            {"candidates": 0, "build_s": 0.0, "solve_s": 0.0, "solve_max_s": 0.0, "all_s": 0.0},
         )
         part["candidates"] += 1
         part["all_s"] += row["seconds"]
@@ -53,6 +55,7 @@ def time_split(results: dict[str, Any], out: Path) -> dict[str, dict[str, float]
             timings = json.loads((out / row["plan_file"]).read_text())["timings"]
             part["build_s"] += timings.get("build", 0.0)
             part["solve_s"] += timings.get("solve", 0.0)
+            part["solve_max_s"] = max(part["solve_max_s"], timings.get("solve", 0.0))
     return split
 
 
@@ -96,16 +99,16 @@ def markdown(
         )
     lines += [
         "",
-        "| meshes | candidates | build s (sum) | solve s (sum) | candidate s (sum) |",
-        "|---|---|---|---|---|",
+        "| meshes | candidates | build s (sum) | solve s (sum) | solve s (longest) | candidate s (sum) |",
+        "|---|---|---|---|---|---|",
     ]
     for name, part in sorted(split.items()):
         lines.append(
             f"| {name} | {part['candidates']:.0f} | {part['build_s']:.1f} | {part['solve_s']:.1f} "
-            f"| {part['all_s']:.1f} |"
+            f"| {part['solve_max_s']:.1f} | {part['all_s']:.1f} |"
         )
     total = sum(part["all_s"] for part in split.values())
-    lines.append(f"| all | {len(rows)} | | | {total:.1f} (of {wall * args.workers:.1f} worker-seconds) |")
+    lines.append(f"| all | {len(rows)} | | | | {total:.1f} (of {wall * args.workers:.1f} worker-seconds) |")
     return "\n".join(lines)
 
 
