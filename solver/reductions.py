@@ -30,6 +30,7 @@ kept strategy keeps its usage. Each reduction also keeps at least one optimal so
   there is a usage limit, and in every entry of every edge leaving the group; exact ties keep the lower index.
   Any solution using ``a`` becomes no worse and no more memory hungry with ``b``, whatever the other nodes
   take, so removals at many groups at once are safe. Groups holding a pin are skipped while pins remain.
+  `solver.dominance` finds the dominated strategies of a group.
 
 `reduce` runs pins once, then the others in the order above until none changes anything; each
 `ReductionStep` aggregates all passes of one reduction.
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from solver.dominance import dominated_rows
 from solver.errors import InfeasibleError
 from solver.problem import Problem
 
@@ -116,10 +118,11 @@ class Reduced:
 # --------------------------------------------------------------------------- working state
 @dataclass
 class _Work:
-    """Mutable per-node / per-edge copy of a problem that the reductions edit in place.
+    """Mutable per-node / per-edge state of a problem that the reductions edit.
 
-    ``stamp[i]`` is the tick of the last change that can affect node ``i`` (its strategies, costs or incident
-    edges); each reduction only revisits nodes changed since it last ran.
+    Its arrays start as read-only views of the problem's (nothing is copied): every edit replaces an array
+    and never writes into one. ``stamp[i]`` is the tick of the last change that can affect node ``i`` (its
+    strategies, costs or incident edges); each reduction only revisits nodes changed since it last ran.
     """
 
     costs: list[np.ndarray]
@@ -155,15 +158,17 @@ class _Work:
         for e, (u, v) in enumerate(zip(eu, ev, strict=True)):
             incident[u].add(e)
             incident[v].add(e)
+        starts, ends = problem.node_offsets[:-1].tolist(), problem.node_offsets[1:].tolist()
+        costs, usages = _read_only(problem.costs), _read_only(problem.usages)
         return cls(
-            costs=[problem.node_costs(i).copy() for i in range(n)],
-            usages=[problem.node_usages(i).copy() for i in range(n)],
+            costs=[costs[s:t] for s, t in zip(starts, ends, strict=True)],
+            usages=[usages[s:t] for s, t in zip(starts, ends, strict=True)],
             kept=[np.arange(c, dtype=np.int64) for c in problem.strategy_counts.tolist()],
             alive=problem.intervals[:, 1] > problem.intervals[:, 0],
             has_limit=problem.usage_limit is not None,
             eu=eu,
             ev=ev,
-            mats=[problem.edge_matrix(e).copy() for e in range(problem.num_edges)],
+            mats=_edge_matrices(problem),
             incident=incident,
             group_of=group_of,
             members=members,
@@ -221,7 +226,7 @@ class _Work:
             for e in self.incident[member]:
                 matrix = self.mats[e]
                 assert matrix is not None
-                self.mats[e] = matrix[order, :] if self.eu[e] == member else matrix[:, order]
+                self.mats[e] = matrix[order, :] if self.eu[e] == member else np.take(matrix, order, axis=1)
         self.touch(self.neighbourhood(group))
 
     def restrict_group(self, node: int, keep: np.ndarray) -> int:
@@ -273,8 +278,23 @@ class _Work:
         )
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _edge_matrices(problem: Problem) -> list[np.ndarray | None]:
+    """Read-only views of every edge cost matrix."""
+    flat = _read_only(problem.edge_costs)
+    offsets = problem.edge_offsets.tolist()
+    counts = problem.strategy_counts
+    rows, cols = counts[problem.edge_nodes[:, 0]].tolist(), counts[problem.edge_nodes[:, 1]].tolist()
+    return [flat[offsets[e] : offsets[e + 1]].reshape(rows[e], cols[e]) for e in range(problem.num_edges)]
+
+
 def _concat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
-    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
 
 
 def _group_text(group: list[int]) -> str:
@@ -293,6 +313,7 @@ class _Tally:
     merges: int = 0
     seconds: float = 0.0
     last_tick: int = 0
+    checked: dict[int, int] = field(default_factory=dict)  # group id -> tick at which it was last checked
 
     def step(self, name: str) -> ReductionStep:
         return ReductionStep(name, self.strategies, self.edges, self.merges, self.seconds)
@@ -353,31 +374,56 @@ def _finite_support(problem: Problem) -> np.ndarray:
 def _mark_unsupported(costs, offsets, rows, cols, row_start, col_start, possible):
     """Clear ``possible`` for every edge row (column) without a finite entry; matrices are row-major."""
     for e in range(len(rows)):
-        r, c, base = rows[e], cols[e], offsets[e]
-        column_ok = np.zeros(c, dtype=np.bool_)
-        for i in range(r):
-            row_ok = False
-            for j in range(c):
-                if np.isfinite(costs[base + i * c + j]):
-                    row_ok = True
-                    column_ok[j] = True
-            if not row_ok:
-                possible[row_start[e] + i] = False
-        for j in range(c):
-            if not column_ok[j]:
-                possible[col_start[e] + j] = False
+        matrix = costs[offsets[e] : offsets[e + 1]].reshape((rows[e], cols[e]))
+        row_ok, column_ok = _finite_lines(matrix)
+        for i in range(rows[e]):
+            possible[row_start[e] + i] &= row_ok[i]
+        for j in range(cols[e]):
+            possible[col_start[e] + j] &= column_ok[j]
+
+
+@njit(cache=True)
+def _finite_lines(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each row, and each column, of ``matrix`` holds a finite entry.
+
+    Rows are read in full only until every column has shown a finite entry; after that a row is read up
+    to its first finite entry, so a mostly finite matrix costs about one entry per row.
+    """
+    rows, cols = matrix.shape
+    row_ok = np.zeros(rows, dtype=np.bool_)
+    column_ok = np.zeros(cols, dtype=np.bool_)
+    columns_left = cols
+    for i in range(rows):
+        if columns_left:
+            found = False
+            for j in range(cols):
+                finite = np.isfinite(matrix[i, j])
+                found |= finite
+                column_ok[j] |= finite
+            row_ok[i] = found
+            if found:
+                columns_left = cols - np.count_nonzero(column_ok)
+        else:
+            for j in range(cols):
+                if np.isfinite(matrix[i, j]):
+                    row_ok[i] = True
+                    break
+    return row_ok, column_ok
 
 
 def _possible(work: _Work, head: int) -> np.ndarray:
     group = work.group(head)
-    keep = np.ones(work.count(head), dtype=bool)
+    keep = np.isfinite(work.costs[head])
     for member in group:
-        keep &= np.isfinite(work.costs[member])
+        if member != head:
+            keep &= np.isfinite(work.costs[member])
         for e in work.incident[member]:
-            finite = np.isfinite(work.oriented(e, member))
-            keep &= finite.any(axis=1)
+            matrix = work.mats[e]
+            assert matrix is not None
+            row_ok, column_ok = _finite_lines(matrix)
+            keep &= row_ok if work.eu[e] == member else column_ok
             if work.group_of[work.other(e, member)] == head:
-                keep &= np.diagonal(finite)
+                keep &= np.isfinite(np.diagonal(matrix))
     return keep
 
 
@@ -459,10 +505,26 @@ def _is_follow(work: _Work, e: int, matrix: np.ndarray) -> bool:
     size = matrix.shape[0]
     if size < 2 or matrix.shape[1] != size or work.group_of[u] == work.group_of[v]:
         return False
-    finite = np.isfinite(matrix)
-    if np.count_nonzero(finite) != size:
-        return False
-    return bool((finite.sum(axis=0) == 1).all() and (finite.sum(axis=1) == 1).all())
+    return _one_finite_per_line(matrix)
+
+
+@njit(cache=True)
+def _one_finite_per_line(matrix: np.ndarray) -> bool:
+    """Whether every row and every column of a square matrix holds exactly one finite entry; stops at the
+    first row with two (most matrices are mostly finite, so that is within the first row)."""
+    size = matrix.shape[0]
+    column_taken = np.zeros(size, dtype=np.bool_)
+    for i in range(size):
+        found = -1
+        for j in range(size):
+            if np.isfinite(matrix[i, j]):
+                if found >= 0:
+                    return False
+                found = j
+        if found < 0 or column_taken[found]:
+            return False
+        column_taken[found] = True
+    return True
 
 
 def _merge(work: _Work, e: int, matrix: np.ndarray) -> list[int]:
@@ -482,82 +544,63 @@ def _merge(work: _Work, e: int, matrix: np.ndarray) -> list[int]:
 
 
 def _dominated(work: _Work, tally: _Tally) -> None:
-    """Remove, per group, strategies dominated by another strategy of the same group."""
+    """Remove, per group, strategies dominated by another strategy of the same group.
+
+    Of the groups changed since the last pass, a group is checked only when something it depends on changed
+    after its own last check: that check left strategies none of which beats another, so the same features
+    would give nothing. (A group checked late in a pass has already seen the pass's earlier removals.)
+    """
     heads = _heads(work, work.changed_since(tally.last_tick))
     tally.last_tick = work.tick
+    scratch = _Scratch()
     for head in heads:
         group = work.group(head)
         if work.count(head) < 2 or any(member in work.pins for member in group):
             continue
-        removed = dominated_rows(_features(work, head))
+        if work.stamp[group].max() <= tally.checked.get(head, 0):
+            continue
+        removed = dominated_rows(_features(work, head, scratch))
         if removed.any():
             tally.strategies += work.restrict_group(head, ~removed)
+        tally.checked[head] = work.tick
 
 
-def _features(work: _Work, head: int) -> np.ndarray:
-    """One row per strategy of the group: everything a strategy's choice changes, lower is better."""
+def _features(work: _Work, head: int, scratch: _Scratch) -> np.ndarray:
+    """One row per strategy of the group: everything a strategy's choice changes, lower is better.
+
+    Written into ``scratch``: one buffer serves every group, so it is allocated once and stays in cache.
+    """
     group = work.group(head)
     cost = np.zeros(work.count(head))
     columns: list[np.ndarray] = []
     for member in group:
         cost = cost + work.costs[member]
         if work.has_limit and work.alive[member]:
-            columns.append(work.usages[member].astype(np.float64)[:, None])
+            columns.append(work.usages[member][:, None])
         for e in work.incident[member]:
             if work.group_of[work.other(e, member)] != head:
                 columns.append(work.oriented(e, member))
             elif work.eu[e] == member:
                 cost = cost + np.diagonal(work.mats[e])  # type: ignore[arg-type]
-    return np.hstack([cost[:, None], *columns])
+    features = scratch.matrix(len(cost), 1 + sum(block.shape[1] for block in columns))
+    features[:, 0] = cost
+    start = 1
+    for block in columns:
+        features[:, start : start + block.shape[1]] = block
+        start += block.shape[1]
+    return features
 
 
-def dominated_rows(features: np.ndarray) -> np.ndarray:
-    """Rows ``a`` beaten by another row ``b``: ``b <= a`` elementwise, and ``b < a`` somewhere or ``b``
-    comes first (of equal rows the lowest index survives).
+class _Scratch:
+    """A float64 buffer, grown on demand, that hands out matrices of any shape (overwriting the last one)."""
 
-    "Beats" is a strict order, so every beaten row is beaten by a surviving one and all can go at once.
-    """
-    count = features.shape[0]
-    values = features[:, ~(features == features[:1]).all(axis=0)]
-    better, worse = _no_worse_pairs(values)
-    no_worse = np.zeros((count, count), dtype=bool)
-    no_worse[better, worse] = True
-    first = better < worse
-    beats = ~no_worse[worse, better] | first
-    removed = np.zeros(count, dtype=bool)
-    removed[worse[beats]] = True
-    return removed
+    def __init__(self) -> None:
+        self.buffer = np.empty(0)
 
-
-def _no_worse_pairs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """All pairs ``(b, a)``, ``b != a``, with ``values[b] <= values[a]`` elementwise (row-major order).
-
-    A compiled double loop over the pairs that stops at a pair's first column where ``b`` is worse (or
-    either is NaN): most pairs fail within a few columns, so the width is rarely read.
-    """
-    return _no_worse_pairs_kernel(np.ascontiguousarray(values, dtype=np.float64))
-
-
-@njit(cache=True)
-def _no_worse_pairs_kernel(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    count, width = values.shape
-    better = np.empty(count * count, dtype=np.int64)
-    worse = np.empty(count * count, dtype=np.int64)
-    found = 0
-    for b in range(count):
-        for a in range(count):
-            if a == b:
-                continue
-            no_worse = True
-            for j in range(width):
-                if not values[b, j] <= values[a, j]:
-                    no_worse = False
-                    break
-            if no_worse:
-                better[found] = b
-                worse[found] = a
-                found += 1
-    return better[:found], worse[:found]
+    def matrix(self, rows: int, columns: int) -> np.ndarray:
+        if rows * columns > len(self.buffer):
+            self.buffer = np.empty(max(rows * columns, 2 * len(self.buffer)))
+        return self.buffer[: rows * columns].reshape(rows, columns)
 
 
 # --------------------------------------------------------------------------- driver

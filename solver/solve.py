@@ -551,10 +551,16 @@ def _finish(
 
 def warm_up_kernels() -> None:
     """Compile (or load from numba's cache) the heuristic, reduction and bound kernels on a tiny problem."""
-    from solver.reductions import dominated_rows
-
     warm_up()
-    dominated_rows(np.array([[1.0, 2.0], [2.0, 1.0], [2.0, 2.0]]))
+    small = Problem.from_lists(
+        costs=[[1.0, 2.0], [2.0, 1.0], [1.0, 2.0, 3.0]],
+        usages=[[2, 1], [1, 2], [1, 1, 1]],
+        intervals=[[0, 2], [1, 3], [0, 3]],
+        edges=[[0, 1], [1, 2]],
+        edge_costs=[[0.0, 3.0, 3.0, 0.0], [0.0, 1.0, 2.0, 1.0, 0.0, 2.0]],
+        usage_limit=5,
+    )
+    reduce(small)  # strategy 2 of node 2 is dominated: every reduction kernel runs, before and after an edit
     tiny = compact(
         Problem.from_lists(
             costs=[[1.0, 2.0], [2.0, 1.0]],

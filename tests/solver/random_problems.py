@@ -1,4 +1,4 @@
-"""Random small problems and a vectorised brute force, shared by the solver tests."""
+"""Random small problems, a vectorised brute force and the definition of dominance, for the solver tests."""
 
 from __future__ import annotations
 
@@ -130,3 +130,17 @@ def brute_force(problem: Problem) -> tuple[float | None, np.ndarray | None]:
         return None, None
     best = int(np.flatnonzero(ok)[np.argmin(cost[ok])])
     return float(cost[best]), assignments[best]
+
+
+def beaten_by_definition(values: np.ndarray) -> np.ndarray:
+    """Row ``a`` is beaten when some other row ``b`` is ``<=`` everywhere and ``<`` somewhere or comes first.
+
+    Every comparison with NaN is false, so a row with NaN neither beats nor is beaten.
+    """
+    count = len(values)
+    beaten = np.zeros(count, dtype=bool)
+    for a in range(count):
+        for b in range(count):
+            if b != a and all(values[b] <= values[a]) and (any(values[b] < values[a]) or b < a):
+                beaten[a] = True
+    return beaten

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from solver import reductions
 from solver.compact import compact
 from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
@@ -22,10 +23,11 @@ from solver.reductions import (
     PARALLEL,
     PINS,
     Reduced,
-    dominated_rows,
     reduce,
 )
 from tests.bundled_data import INSTANCE_G
+from tests.solver import random_problems
+from tests.solver.random_problems import beaten_by_definition
 
 INF = math.inf
 
@@ -216,6 +218,83 @@ def test_random_problems_exercise_every_reduction() -> None:
     assert all(count > 0 for count in totals.values()), totals
 
 
+# --------------------------------------------------------------------------- the fast paths change nothing
+def _plain_dominated(work: reductions._Work, tally: reductions._Tally) -> None:
+    """The dominated reduction written plainly: every changed group again, a fresh feature matrix, and the
+    pairwise definition of "beaten"."""
+    heads = reductions._heads(work, work.changed_since(tally.last_tick))
+    tally.last_tick = work.tick
+    for head in heads:
+        group = work.group(head)
+        if work.count(head) < 2 or any(member in work.pins for member in group):
+            continue
+        cost = np.zeros(work.count(head))
+        columns = []
+        for member in group:
+            cost = cost + work.costs[member]
+            if work.has_limit and work.alive[member]:
+                columns.append(work.usages[member].astype(float)[:, None])
+            for e in work.incident[member]:
+                if work.group_of[work.other(e, member)] != head:
+                    columns.append(work.oriented(e, member))
+                elif work.eu[e] == member:
+                    cost = cost + np.diagonal(work.mats[e])
+        removed = beaten_by_definition(np.hstack([cost[:, None], *columns]))
+        if removed.any():
+            tally.strategies += work.restrict_group(head, ~removed)
+
+
+def _reduce_or_error(problem: Problem, enabled: tuple[str, ...] | None) -> Reduced | str:
+    try:
+        return reduce(problem, enabled=enabled)
+    except InfeasibleError as error:
+        return str(error)
+
+
+def _assert_same(fast: Reduced | str, plain: Reduced | str) -> None:
+    if isinstance(fast, str) or isinstance(plain, str):
+        assert fast == plain
+        return
+    assert [k.tolist() for k in fast.kept] == [k.tolist() for k in plain.kept]
+    assert fast.constant == plain.constant
+    for name in ("node_offsets", "costs", "usages", "intervals", "edge_nodes", "edge_offsets", "edge_costs"):
+        assert np.array_equal(getattr(fast.problem, name), getattr(plain.problem, name)), name
+    assert fast.problem.groups == plain.problem.groups and fast.problem.pins == plain.problem.pins
+    assert [s.strategies_removed for s in fast.steps] == [s.strategies_removed for s in plain.steps]
+
+
+def _problems() -> list[Problem]:
+    rng = np.random.default_rng(17)
+    problems = [random_problem(rng) for _ in range(150)]
+    for case in range(150):
+        problems.append(
+            random_problems.random_problem(
+                rng, nodes=(2, 8), strategies=(1, 5), groups=case % 2 == 0, pins=case % 5 == 0
+            )
+        )
+    problems += [random_problems.large_problem(rng, nodes=60, strategies=(2, 70)) for _ in range(3)]
+    return problems
+
+
+@pytest.mark.parametrize("enabled", [None, (DOMINATED,), (PINS, FORBIDDEN, FOLD, DOMINATED)], ids=str)
+def test_reduce_equals_the_plain_dominated_reduction(
+    monkeypatch: pytest.MonkeyPatch, enabled: tuple[str, ...] | None
+) -> None:
+    problems = _problems()
+    fast = [_reduce_or_error(problem, enabled) for problem in problems]
+    plain_pass = tuple(
+        (name, _plain_dominated if name == DOMINATED else step) for name, step in reductions._PASS
+    )
+    monkeypatch.setattr(reductions, "_PASS", plain_pass)
+    plain = [_reduce_or_error(problem, enabled) for problem in problems]
+    assert sum(isinstance(r, Reduced) and r.steps[-1].strategies_removed > 0 for r in fast) > 50
+    for case, (one, other) in enumerate(zip(fast, plain, strict=True)):
+        try:
+            _assert_same(one, other)
+        except AssertionError as error:
+            raise AssertionError(f"problem {case}: {error}") from error
+
+
 # --------------------------------------------------------------------------- one reduction at a time
 def test_forbidden_removes_inf_costs_and_all_inf_rows() -> None:
     problem = Problem.from_lists(
@@ -310,22 +389,6 @@ def test_dominated_respects_usage_only_under_a_limit() -> None:
     without = Problem.from_lists(costs=costs, usages=usages, intervals=intervals)
     assert reduce(with_limit, enabled=[DOMINATED]).kept[0].tolist() == [0, 1]
     assert reduce(without, enabled=[DOMINATED]).kept[0].tolist() == [0]
-
-
-def test_dominated_rows_against_pairwise_definition() -> None:
-    rng = np.random.default_rng(3)
-    for _ in range(200):
-        values = rng.integers(0, 3, (int(rng.integers(1, 12)), int(rng.integers(1, 8)))).astype(float)
-        values[rng.random(values.shape) < 0.1] = INF
-        expected = [
-            any(
-                (values[b] <= values[a]).all() and ((values[b] < values[a]).any() or b < a)
-                for b in range(len(values))
-                if b != a
-            )
-            for a in range(len(values))
-        ]
-        assert dominated_rows(values).tolist() == expected
 
 
 def test_project_is_none_for_a_removed_strategy() -> None:
