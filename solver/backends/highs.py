@@ -119,6 +119,8 @@ class HighsBackend:
                 progress(time.perf_counter() - begun, best.objective, bound)
             if (answer := _answer_within_gap(best, bound, relative_gap, begun)) is not None:
                 return answer
+            if (answer := _out_of_time_for_mip(best, bound, begun, deadline)) is not None:
+                return answer
             upper = _fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
             answer = _run_mip(
                 program,
@@ -138,6 +140,8 @@ class HighsBackend:
                 progress(time.perf_counter() - begun, best.objective, bound)
             if (answer := _answer_within_gap(best, bound, relative_gap, begun)) is not None:
                 return answer
+        if (answer := _out_of_time_for_mip(best, bound, begun, deadline)) is not None:
+            return answer
         answer = _run_mip(
             program,
             max(0.01, deadline - time.perf_counter()),
@@ -187,6 +191,16 @@ class _Best:
         if objective < self.objective:
             self.assignment, self.objective = np.asarray(assignment, dtype=np.int64), objective
         return columns
+
+
+def _out_of_time_for_mip(best: _Best, bound: float, begun: float, deadline: float) -> BackendResult | None:
+    """The best answer with the relaxation's bound when a MIP on the whole program would start with less time
+    left than the LPs before it took: HiGHS's presolve alone overruns that (llama3-8b on 16x4, 350,000
+    columns: 1.7 s of probing on a 0.44 s limit, then nothing found)."""
+    now = time.perf_counter()
+    if best.assignment is None or deadline - now >= now - begun:
+        return None
+    return BackendResult(FEASIBLE, best.assignment, best.objective, bound, now - begun, now - begun)
 
 
 def _answer_within_gap(

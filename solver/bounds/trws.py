@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import NamedTuple
+import weakref
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
@@ -144,7 +145,26 @@ def _prepare(problem: CompactProblem):
 def _prepare_mapped(problem: CompactProblem):
     """`_prepare`'s (constant, arrays), then ``alive`` (per node, the strategies arc consistency keeps),
     ``new_id`` (per node, its index in the arrays, -1 for a node without edges) and ``costs`` (per node,
-    the costs of its alive strategies); None when infeasible."""
+    the costs of its alive strategies); None when infeasible.
+
+    Made once per problem: a solve asks for it up to three times (the Lagrangian search, the pruned solve,
+    the memory-priced bound; 0.2 s each on a llama3-8b problem on a 3-D mesh). Every caller gets its own
+    copy of the node costs (``graph.cost``: the Lagrangian prices them in place); the rest is shared and
+    read only.
+    """
+    if problem not in _PREPARED:
+        _PREPARED[problem] = _prepare_once(problem)
+    prepared = _PREPARED[problem]
+    if prepared is None or prepared[1] is None:
+        return prepared
+    constant, (graph, order), alive, new_id, costs = prepared
+    return constant, (graph._replace(cost=graph.cost.copy()), order), alive, new_id, costs
+
+
+_PREPARED: weakref.WeakKeyDictionary[CompactProblem, Any] = weakref.WeakKeyDictionary()
+
+
+def _prepare_once(problem: CompactProblem):
     n = problem.num_nodes
     costs = [np.asarray(c, dtype=np.float64) for c in problem.costs]
     edges = problem.edge_nodes.tolist()

@@ -2,7 +2,8 @@
 
 The heuristic is single-threaded numba code; with ``threads`` cores it runs ``threads`` independent
 searches (seeds ``seed, seed + 1, ...``) in forked processes that share nothing but a queue of incumbent
-costs, which the parent forwards to its progress callback as they come.
+costs, which the parent forwards to its progress callback as they come. On one core, two searches take
+turns in this process.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from solver.compact import CompactProblem
 from solver.heuristics.anytime import heuristic_solve
 
 IncumbentCallback = Callable[[float, np.ndarray], None]
+#: On one core, this many searches take turns in the process (`heuristic_solve`'s ``searches``): what two
+#: processes would give, without the second process.
+ONE_CORE_SEARCHES = 2
 
 
 def portfolio_solve(
@@ -37,7 +41,13 @@ def portfolio_solve(
     """
     if threads <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return heuristic_solve(
-            problem, time_limit, seed=seed, initial=initial, on_incumbent=on_incumbent, stop=stop
+            problem,
+            time_limit,
+            seed=seed,
+            initial=initial,
+            on_incumbent=on_incumbent,
+            stop=stop,
+            searches=ONE_CORE_SEARCHES,
         )
     context = multiprocessing.get_context("fork")
     costs: multiprocessing.Queue = context.Queue()
