@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
 
-from service.search.task import FAILED, CandidateTask, plan_candidate
+from service.search.task import FAILED, CandidateTask, plan_candidate, warm_up_worker
 
 Work = Iterable[tuple[CandidateTask, dict[str, Any]]]
 """Tasks with the graph document each is planned from (shared, not copied, between tasks), handed over
@@ -59,7 +59,10 @@ class LocalPoolExecutor:
     def __init__(self, workers: int) -> None:
         method = "fork" if sys.platform.startswith("linux") else "spawn"
         self.cores_per_task = max(1, (os.cpu_count() or 1) // workers)
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
+        self.pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context(method), initializer=warm_up_worker
+        )
+        self.pool.submit(int)  # start the workers now: they warm up while the first configuration is captured
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
         ids: dict[Future, str] = {

@@ -54,6 +54,21 @@ def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]
     return outcome
 
 
+def warm_up_worker() -> None:
+    """Load every compiled kernel a candidate runs (numba's cache: ~1 s in a new process) before the first
+    candidate comes: a pool's workers do it while the search captures its first configuration."""
+    import numpy as np
+
+    from solver.solve import warm_up_kernels
+    from strategies.cost.comm import redistribute_matrix
+    from strategies.cost.mesh import make_mesh
+    from strategies.placement import P, R
+
+    warm_up_kernels()
+    specs = np.array([[R, R], [0, R], [R, 1], [P, R]], dtype=np.int16)
+    redistribute_matrix(make_mesh("2x2"), (4, 4), 2, specs, specs)
+
+
 def _graph(digest: str, document: dict[str, Any]) -> ImportedGraph:
     from strategies.graph.imported import load_graph
 

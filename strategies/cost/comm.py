@@ -152,10 +152,17 @@ def redistribute_matrix(
     The table is priced between the distinct specs only (and cached, the same edges recur in every layer),
     then expanded to every pair of specs.
     """
+    return comm_kernel.expand(*redistribute_parts(mesh, shape, itemsize, src_specs, dst_specs))
+
+
+def redistribute_parts(
+    mesh: Mesh, shape: tuple[int, ...], itemsize: int, src_specs: np.ndarray, dst_specs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`redistribute_matrix` before its expansion: the table between the distinct specs (read only,
+    cached) and the row of each source and the column of each destination spec in it."""
     src_keys, src_index = _distinct_specs(src_specs)
     dst_keys, dst_index = _distinct_specs(dst_specs)
-    small = _cost_table(mesh, tuple(shape), itemsize, src_keys, dst_keys)
-    return comm_kernel.expand(small, src_index, dst_index)
+    return _cost_table(mesh, tuple(shape), itemsize, src_keys, dst_keys), src_index, dst_index
 
 
 def _distinct_specs(specs: np.ndarray) -> tuple[bytes, np.ndarray]:

@@ -209,8 +209,23 @@ def expand(table: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """``table[rows][:, cols]`` as one new array, written once (numpy's ``np.ix_`` indexing is 3-5 times
     slower, two ``take`` calls allocate a second large array)."""
     out = np.empty((len(rows), len(cols)))
+    expand_into(table, rows, cols, 1.0, 1.0, 1.0, out)
+    return out
+
+
+@njit(cache=True)
+def expand_into(
+    table: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    factor: float,
+    divisor: float,
+    weight: float,
+    out: np.ndarray,
+) -> None:
+    """``out[i, j] = table[rows[i], cols[j]] * factor / divisor * weight``, in that order (the same floats as
+    scaling the expanded matrix step by step): a problem's edges are written straight into its one array."""
     for i in range(len(rows)):
         row = table[rows[i]]
         for j in range(len(cols)):
-            out[i, j] = row[cols[j]]
-    return out
+            out[i, j] = row[cols[j]] * factor / divisor * weight

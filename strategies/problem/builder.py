@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from solver.problem import Problem
-from strategies.cost.comm import dim_pieces, local_sizes, redistribute_matrix
+from strategies.cost.comm import dim_pieces, local_sizes, redistribute_parts
+from strategies.cost.comm_kernel import expand_into
 from strategies.cost.mesh import Mesh
 from strategies.ops.generate import op_strategies
 from strategies.placement import NONE, R, Spec
@@ -137,7 +138,9 @@ class _Builder:
         self.nodes: list[ProblemNode] = []
         self.intervals: list[tuple[int, int]] = []
         self.edges: list[Edge] = []
-        self.edge_costs: list[np.ndarray] = []
+        self.edge_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        """Per edge: its redistribution table between distinct specs, the row of each producer strategy and
+        the column of each consumer strategy (expanded once, by `edge_costs`)."""
         self.groups: list[tuple[int, int]] = []
         self.pins: dict[int, int] = {}
 
@@ -154,12 +157,27 @@ class _Builder:
         dst = c.input_specs[:, argument, :]
         if (dst == NONE).all():
             return
-        seconds = redistribute_matrix(self.mesh, meta.shape, meta.itemsize, src, dst)  # new: scaled in place
-        if kind in ("parameter", "gradient"):
-            seconds *= 1.0 - self.overlap
-        seconds /= COST_UNIT_S
         self.edges.append(Edge(producer, consumer, output, argument, kind))
-        self.edge_costs.append(seconds)
+        self.edge_parts.append(redistribute_parts(self.mesh, meta.shape, meta.itemsize, src, dst))
+
+    def edge_costs(self, weights: np.ndarray) -> list[np.ndarray]:
+        """Every edge's ``[producer strategy, consumer strategy]`` costs (the seconds of its redistribution,
+        the overlapped share of parameter and gradient moves taken off, in `COST_UNIT_S`, times the edge's
+        weight), written end to end into one array (the problem's, without a copy: 40 million costs on a
+        3-D mesh)."""
+        sizes = [len(rows) * len(cols) for _table, rows, cols in self.edge_parts]
+        flat = np.empty(sum(sizes))
+        matrices: list[np.ndarray] = []
+        start = 0
+        for edge, (table, rows, cols), size, weight in zip(
+            self.edges, self.edge_parts, sizes, weights.tolist(), strict=True
+        ):
+            matrix = flat[start : start + size].reshape(len(rows), len(cols))
+            factor = 1.0 - self.overlap if edge.kind in ("parameter", "gradient") else 1.0
+            expand_into(table, rows, cols, factor, COST_UNIT_S, weight, matrix)
+            matrices.append(matrix)
+            start += size
+        return matrices
 
 
 def placeholder_node(
@@ -332,14 +350,12 @@ def build_problem(
         raise ValueError("layer repeat: needs the module paths of the graph and shared layers")
     node_scale = np.ones(len(b.nodes)) if node_weight is None else node_weight
     edge_scale = np.ones(len(b.edges)) if edge_weight is None else edge_weight
-    for matrix, weight in zip(b.edge_costs, edge_scale.tolist(), strict=True):
-        matrix *= weight  # in place: the matrices are the builder's own (no second copy of every edge)
     problem = Problem.from_lists(
         costs=[n.compute_s / COST_UNIT_S * w for n, w in zip(b.nodes, node_scale.tolist(), strict=True)],
         usages=[n.memory_bytes for n in b.nodes],
         intervals=b.intervals,
         edges=[(e.producer, e.consumer) for e in b.edges],
-        edge_costs=b.edge_costs,
+        edge_costs=b.edge_costs(edge_scale),
         usage_limit=memory_limit,
         groups=merge_groups(b.groups),
         pins=b.pins,

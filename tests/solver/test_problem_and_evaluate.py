@@ -126,3 +126,20 @@ def test_content_hash_is_stable_and_ignores_the_name() -> None:
     costs[0] += 1
     assert first.replace(costs=costs).content_hash != first.content_hash
     assert len(first.content_hash) == 64
+
+
+def test_edge_matrices_laid_end_to_end_in_one_array_are_taken_without_a_copy() -> None:
+    """A plan's builder writes its edges into one array (40 million costs on a 3-D mesh): the problem keeps
+    that array; matrices laid out any other way are concatenated as before."""
+    costs, edges = [[0.0, 1.0], [0.0, 1.0], [0.0, 1.0, 2.0]], [[0, 1], [1, 2]]
+    buffer = np.arange(10, dtype=np.float64)
+    laid = [buffer[0:4].reshape(2, 2), buffer[4:10].reshape(2, 3)]
+    problem = Problem.from_lists(costs=costs, edges=edges, edge_costs=laid)
+    assert np.shares_memory(problem.edge_costs, buffer)
+    np.testing.assert_array_equal(problem.edge_costs, np.arange(10.0))
+    swapped = [buffer[6:10].reshape(2, 2), buffer[0:6].reshape(2, 3)]
+    apart = [buffer[0:4].reshape(2, 2), buffer[4:10].reshape(2, 3) + 0.0]
+    for matrices in (swapped, apart):
+        copied = Problem.from_lists(costs=costs, edges=edges, edge_costs=matrices)
+        assert not np.shares_memory(copied.edge_costs, buffer)
+        np.testing.assert_array_equal(copied.edge_costs, np.concatenate([m.ravel() for m in matrices]))

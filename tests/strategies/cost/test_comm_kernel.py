@@ -14,9 +14,10 @@ from strategies.cost.comm import (
     all_to_all_s,
     pair_costs,
     redistribute_matrix,
+    redistribute_parts,
     redistribute_s,
 )
-from strategies.cost.comm_kernel import axis_terms
+from strategies.cost.comm_kernel import axis_terms, expand_into
 from strategies.cost.mesh import make_mesh
 from strategies.placement import NONE, P_AVG, P_MASK, P_MAX, P_MIN, P, R
 
@@ -91,6 +92,23 @@ def test_a_matrix_is_a_new_array_its_caller_may_scale_in_place() -> None:
     first[:] = -1.0
     second = redistribute_matrix(mesh, (8, 8), 4, specs, specs)
     assert second.flags.writeable and (second >= 0).all()
+
+
+def test_an_edge_written_into_its_place_is_the_matrix_scaled_step_by_step() -> None:
+    """The builder writes each edge into the problem's one array, scaled as it goes: the same floats as the
+    expanded matrix times the overlap factor, over the cost unit, times the layer weight, in turn."""
+    mesh = make_mesh("2x2x2")
+    src = np.array([[0, R, 1], [R, R, R], [P, 0, R], [0, R, 1]], dtype=np.int16)
+    dst = np.array([[R, 1, 0], [0, 0, R], [R, R, R]], dtype=np.int16)
+    expected = redistribute_matrix(mesh, (6, 10), 2, src, dst)
+    expected *= 0.3
+    expected /= 1e-6
+    expected *= 7.0
+    buffer = np.full(20, -1.0)
+    place = buffer[3:15].reshape(4, 3)
+    expand_into(*redistribute_parts(mesh, (6, 10), 2, src, dst), 0.3, 1e-6, 7.0, place)
+    np.testing.assert_array_equal(place, expected)
+    assert (buffer[:3] == -1.0).all() and (buffer[15:] == -1.0).all()
 
 
 @pytest.mark.parametrize(
