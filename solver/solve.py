@@ -14,9 +14,11 @@ stops once stale) -> then, by size:
   best strategies solved whole, then large neighbourhood search if the gap is still open;
 - too large, many nodes: large neighbourhood search (`solver.large.lns`);
 
--> the best assignment, mapped back and re-costed by the independent evaluator. The bound is the best proven
-lower bound (the backend's, TRW-S's, the memory-priced Lagrangian's, or every node and edge at its cheapest
-entry). ``relative_gap`` lets every stage stop once its answer is proven that close.
+-> the best assignment, mapped back and re-costed by the independent evaluator. The time limit holds for the
+whole: the phases after the reductions share the time left then (never less than `MIN_LEFT_SHARE` of it).
+The bound is the best proven lower bound (the backend's, TRW-S's, the memory-priced Lagrangian's, or every
+node and edge at its cheapest entry). ``relative_gap`` lets every stage stop once its answer is proven that
+close.
 """
 
 from __future__ import annotations

@@ -641,15 +641,18 @@ def _cutoff(best: _Best, relative_gap: float, program: IntegerProgram) -> float:
     return best.objective - allowed
 
 
-#: HiGHS keeps one global thread scheduler per process; its size can change only after a reset.
-_scheduler_threads: list[int] = []
+#: HiGHS keeps one global thread scheduler per process; its size can change only after a reset. Kept as
+#: (process id, threads): a forked child inherits the scheduler without its threads.
+_scheduler: list[tuple[int, int]] = []
 
 
 def _use_threads(highs: highspy.Highs, threads: int) -> None:
-    threads = max(1, int(threads))
-    if _scheduler_threads and _scheduler_threads[0] != threads:
-        highspy.Highs.resetGlobalScheduler(True)
-    _scheduler_threads[:] = [threads]
+    threads, pid = max(1, int(threads)), os.getpid()
+    if _scheduler and _scheduler[0] != (pid, threads):
+        # A blocking reset waits for the scheduler's threads to stop; in a forked child (a plan search's
+        # worker, forked from a process that ran HiGHS) they do not exist and the wait never ends.
+        highspy.Highs.resetGlobalScheduler(_scheduler[0][0] == pid)
+    _scheduler[:] = [(pid, threads)]
     highs.setOptionValue("threads", threads)
 
 

@@ -203,7 +203,7 @@ def _cost_table(
     arrays); cached because the same edges recur in every layer."""
     src = _checked(np.frombuffer(src_keys, dtype=np.int64).reshape(-1, mesh.ndim), shape)
     dst = _checked(np.frombuffer(dst_keys, dtype=np.int64).reshape(-1, mesh.ndim), shape)
-    table = comm_kernel.table_s(src, dst, *_kernel_arguments(mesh, shape, itemsize))
+    table = comm_kernel.spec_seconds(src, dst, *_kernel_arguments(mesh, shape, itemsize), every_pair=True)
     table.flags.writeable = False
     return table
 
@@ -217,7 +217,9 @@ def pair_costs(
     dst = _checked(np.ascontiguousarray(dst, dtype=np.int64).reshape(-1, mesh.ndim), shape)
     if len(src) != len(dst):
         raise ValueError(f"pair_costs: {len(src)} source specs for {len(dst)} target specs")
-    return comm_kernel.pairs_s(src, dst, *_kernel_arguments(mesh, tuple(shape), itemsize))
+    return comm_kernel.spec_seconds(
+        src, dst, *_kernel_arguments(mesh, tuple(shape), itemsize), every_pair=False
+    )
 
 
 def _checked(specs: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

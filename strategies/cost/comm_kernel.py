@@ -121,29 +121,20 @@ def step_s(terms: np.ndarray, axis: int, have: int, want: int, before: float, af
     return ring_pass_s(terms, axis, before)  # reduce-scatter
 
 
-def table_s(
+def spec_seconds(
     src: np.ndarray,
     dst: np.ndarray,
     sizes: np.ndarray,
     lookup: np.ndarray,
     weights: np.ndarray,
     terms: np.ndarray,
+    every_pair: bool,
 ) -> np.ndarray:
-    """``float64 [len(src), len(dst)]`` seconds between every spec of ``src`` and every spec of ``dst``
-    (``int64 [n, mesh.ndim]``); ``sizes`` are the mesh's axis sizes."""
-    return _seconds(src, dst, False, sizes, lookup, weights, terms).reshape(len(src), len(dst))
-
-
-def pairs_s(
-    src: np.ndarray,
-    dst: np.ndarray,
-    sizes: np.ndarray,
-    lookup: np.ndarray,
-    weights: np.ndarray,
-    terms: np.ndarray,
-) -> np.ndarray:
-    """``float64 [len(src)]`` seconds of each pair ``(src[k], dst[k])``."""
-    return _seconds(src, dst, True, sizes, lookup, weights, terms)
+    """Seconds of redistributing between specs (``int64 [n, mesh.ndim]``; ``sizes`` are the mesh's axis
+    sizes): with ``every_pair``, ``float64 [len(src), len(dst)]`` between every spec of ``src`` and every
+    spec of ``dst``; else ``float64 [len(src)]``, each pair ``(src[k], dst[k])``."""
+    seconds = _seconds(src, dst, not every_pair, sizes, lookup, weights, terms)
+    return seconds.reshape(len(src), len(dst)) if every_pair else seconds
 
 
 @njit(cache=True)

@@ -131,10 +131,10 @@ def test_a_failing_candidate_is_reported_and_the_search_goes_on(
 ) -> None:
     real = planner.plan_captured
 
-    def fails_on_2x4(request, graph, repeat, progress=None):
+    def fails_on_2x4(request, graph, repeat, progress=None, **options):
         if request.mesh == "2x4":
             raise RuntimeError("the 2x4 planner broke\nsecond line")
-        return real(request, graph, repeat, progress)
+        return real(request, graph, repeat, progress, **options)
 
     monkeypatch.setattr(planner, "plan_captured", fails_on_2x4)
     results = run_search(mlp_search(batch_sizes=[64], workers=1), tmp_path)
@@ -157,10 +157,10 @@ def test_a_worker_process_that_dies_is_reported_and_the_search_still_answers(
 ) -> None:
     real = planner.plan_captured
 
-    def dies_on_2x2x2(request, graph, repeat, progress=None):
+    def dies_on_2x2x2(request, graph, repeat, progress=None, **options):
         if request.mesh == "2x2x2":
             os._exit(3)  # the pool's workers are forked: they carry this patch
-        return real(request, graph, repeat, progress)
+        return real(request, graph, repeat, progress, **options)
 
     monkeypatch.setattr(planner, "plan_captured", dies_on_2x2x2)
     results = run_search(mlp_search(batch_sizes=[64], workers=2), tmp_path)
@@ -169,3 +169,29 @@ def test_a_worker_process_that_dies_is_reported_and_the_search_still_answers(
     assert by_mesh[(2, 2, 2)]["status"] == "failed"
     assert by_mesh[(2, 2, 2)]["error"].startswith("worker lost: BrokenProcessPool")
     assert json.loads((tmp_path / "results.json").read_text())["candidates"]
+
+
+def test_each_candidate_solves_on_its_executors_share_of_the_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers on two cores: each candidate's solver gets one (two threads each would fork a second
+    heuristic per solve onto the core the other worker needs)."""
+    from service.search.executors import InlineExecutor, LocalPoolExecutor
+
+    real = planner.plan_captured
+    threads_seen: list[int] = []
+
+    def records_threads(request, graph, repeat, progress=None, threads=2):
+        threads_seen.append(threads)
+        return real(request, graph, repeat, progress, threads=threads)
+
+    monkeypatch.setattr(planner, "plan_captured", records_threads)
+    executor = InlineExecutor()
+    executor.cores_per_task = 3
+    run_search(mlp_search(batch_sizes=[64], workers=1), tmp_path, executor=executor)
+    assert threads_seen == [3, 3, 3, 3]
+    pool = LocalPoolExecutor(2)
+    try:
+        assert pool.cores_per_task == max(1, (os.cpu_count() or 1) // 2)
+    finally:
+        pool.close()

@@ -9,14 +9,16 @@ import time
 import numpy as np
 import pytest
 
-from solver.backends.base import INFEASIBLE
+from solver.backends.base import FEASIBLE, INFEASIBLE
 from solver.backends.highs import (
     _CUT_OFF,
     LARGEST_LP_COST,
     HighsBackend,
+    _Best,
     _fractional_node,
     _memory_weight,
     _objective_scale,
+    _out_of_time_for_mip,
     _relaxation,
     _solve_separating,
 )
@@ -194,3 +196,20 @@ def test_cutoff_stops_a_child_lp_of_a_scaled_program() -> None:
         relaxation.highs, relaxation.extra_rows, deadline=time.perf_counter() + 10, threads=1, cutoff=cutoff
     )
     assert ended == _CUT_OFF and values is None
+
+
+def test_no_whole_program_mip_starts_with_less_time_left_than_the_lps_before_it_took() -> None:
+    """HiGHS's presolve alone overruns a short MIP limit on a large program (1.7 s of probing on a 0.44 s
+    limit): with less time left than the backend has spent, the best answer stands with the LP's bound."""
+    rng = np.random.default_rng(3)
+    problem = random_problem(rng, nodes=(5, 5), with_limit=False)
+    program = build_program(compact(problem), memory_times=np.zeros(0, np.int64))
+    answer = HighsBackend().solve(program, time_limit=10, threads=1).assignment
+    assert answer is not None
+    best, now = _Best(program, answer), time.perf_counter()
+    stopped = _out_of_time_for_mip(best, 1.5, begun=now - 2.0, deadline=now + 1.0)
+    assert stopped is not None and stopped.status == FEASIBLE
+    assert np.array_equal(stopped.assignment, answer) and stopped.bound == 1.5
+    assert stopped.objective == best.objective and stopped.seconds >= 2.0
+    assert _out_of_time_for_mip(best, 1.5, begun=now - 1.0, deadline=now + 2.0) is None
+    assert _out_of_time_for_mip(_Best(program, None), 1.5, begun=now - 2.0, deadline=now + 1.0) is None

@@ -77,13 +77,15 @@ def test_example_reaches_its_optimum_445() -> None:
     assert evaluation.cost == 445
 
 
-def test_random_problems_feasible_never_below_optimum_and_usually_optimal() -> None:
+@pytest.mark.parametrize("searches", [1, 2])
+def test_random_problems_feasible_never_below_optimum_and_usually_optimal(searches: int) -> None:
+    """One search, or two taking turns in the process (what one core runs)."""
     rng = np.random.default_rng(7)
     optimal = solved = 0
     for _ in range(25):
         problem = random_problem(rng)
         best = brute_force(problem)
-        compact_problem, result = solve(problem)
+        compact_problem, result = solve(problem, searches=searches)
         if math.isinf(best):
             assert result is None
             continue
@@ -178,6 +180,9 @@ def test_same_seed_same_answer_and_stop_returns_early() -> None:
     compact_problem = compact(problem)
     first = heuristic_solve(compact_problem, BUDGET, seed=4)
     second = heuristic_solve(compact_problem, BUDGET, seed=4)
+    assert first is not None and second is not None and np.array_equal(first, second)
+    first = heuristic_solve(compact_problem, BUDGET, seed=4, searches=2)
+    second = heuristic_solve(compact_problem, BUDGET, seed=4, searches=2)
     assert first is not None and second is not None and np.array_equal(first, second)
     stopped = heuristic_solve(compact_problem, 60.0, stop=lambda: True)
     assert stopped is not None
