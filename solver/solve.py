@@ -51,6 +51,8 @@ from solver.heuristics.anytime import warm_up
 from solver.heuristics.portfolio import portfolio_solve
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
 from solver.large.lns import lns_improve
+from solver.large.peak import MAX_COLUMNS as PEAK_MAX_COLUMNS
+from solver.large.peak import peak_lns
 from solver.large.pruned import Pruned, pruned_solve, solve_over
 from solver.problem import Problem
 from solver.reductions import Reduced, reduce
@@ -104,6 +106,14 @@ LAGRANGIAN_GIVE_UP_GAP = 0.05
 RESTRICTED_GAP_SHARE = 0.25
 #: ... in at most this share of the time limit.
 RESTRICTED_SHARE = 0.1
+#: Where the memory limit binds somewhere (`binding_memory_times`), the whole program waits for large
+#: neighbourhood search around the peak (`solver.large.peak`) for this share of the work time after the
+#: heuristic (IOPDDL B at 10 s: the heuristic stalls at 690,222 after 1.6 s and HiGHS on the whole program
+#: finds nothing better; the search reaches the optimum 532,843 within 3 s) ...
+PEAK_FULL_SHARE = 0.5
+#: ... and for all of it when the whole program has more columns than the search's largest region (V:
+#: 784,000 columns, where HiGHS found nothing in 54 s).
+PEAK_WHOLE_MAX_COLUMNS = PEAK_MAX_COLUMNS
 #: Progress events: (phase, seconds since start, incumbent cost or inf, bound or -inf).
 ProgressCallback = Callable[[str, float, float, float], None]
 
@@ -169,12 +179,13 @@ def solve(
     _check_memory_possible(core)
 
     engine, mode = _plan(core, backend)
+    tight = mode != HEURISTIC and len(binding_memory_times(core)) > 0
     # Every phase's share is of the time left now, after the reductions: on a plan search's short limits the
     # reductions of a large problem take much of it, and shares of the whole limit would overrun it.
     now = time.perf_counter()
     left = max(deadline - now, MIN_LEFT_SHARE * time_limit)
     bound_deadline = now + (1.0 - FINISH_RESERVE) * left
-    work_deadline = bound_deadline - (0.0 if mode == FULL else BOUND_SHARE * left)
+    work_deadline = bound_deadline - (0.0 if mode == FULL and not tight else BOUND_SHARE * left)
 
     known_bound = -math.inf
     searched: BranchResult | None = None
@@ -201,7 +212,9 @@ def solve(
 
     relaxation_first = mode == FULL and get_backend(engine).separates_memory
     stagnation = _Stagnation(time.perf_counter(), HEURISTIC_QUIET_S[relaxation_first])
-    first_work = _begin_whole(core, engine, work_deadline, threads, timings) if mode == FULL else None
+    peak_first = mode == FULL and tight
+    early = mode == FULL and not peak_first
+    first_work = _begin_whole(core, engine, work_deadline, threads, timings) if early else None
     phase = time.perf_counter()
 
     def on_incumbent(cost: float, _assignment: np.ndarray) -> None:
@@ -234,9 +247,26 @@ def solve(
         if incumbent is None or searched.cost < core.cost(incumbent):
             incumbent = searched.assignment
 
+    whole = mode == FULL
+    if peak_first and incumbent is not None:
+        whole = program_size(core) <= PEAK_WHOLE_MAX_COLUMNS
+        share = PEAK_FULL_SHARE if whole else 1.0
+        phase = time.perf_counter()
+        peak_deadline = phase + share * (work_deadline - phase)
+        incumbent = _peak_search(core, engine, incumbent, peak_deadline, seed, tracker, reduced.constant)
+        timings["peak_lns"] = time.perf_counter() - phase
+        candidates.append(incumbent)
+        if whole:  # the memory-priced bound now, and the whole program up to the bound's deadline
+            phase = time.perf_counter()
+            priced = memory_dual_bound(core, BOUND_SHARE * left, upper_bound=core.cost(incumbent))
+            known_bound = max(known_bound, priced)
+            timings["priced_bound"] = time.perf_counter() - phase
+            tracker.update("priced", core.cost(incumbent) + reduced.constant, known_bound + reduced.constant)
+            work_deadline = bound_deadline
+
     exact: BackendResult | None = None
     variables = constraints = 0
-    if mode == FULL and time.perf_counter() < deadline - 0.2:
+    if whole and time.perf_counter() < work_deadline - 0.2:
         phase = time.perf_counter()
         built_before = timings.get("build", 0.0)
         exact, variables, constraints = _solve_whole(
@@ -269,26 +299,61 @@ def solve(
         best = core.cost(incumbent)
         if best - known_bound > relative_gap * abs(best):
             phase = time.perf_counter()
-            improved, _stats = lns_improve(
-                core,
-                incumbent,
-                deadline=work_deadline,
-                backend=engine,
-                seed=seed,
-                on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-lns", cost + reduced.constant),
-            )
+            if tight:
+                constant = reduced.constant
+                improved = _peak_search(core, engine, incumbent, work_deadline, seed, tracker, constant)
+            else:
+                improved, _stats = lns_improve(
+                    core,
+                    incumbent,
+                    deadline=work_deadline,
+                    backend=engine,
+                    seed=seed,
+                    on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-lns", cost + reduced.constant),
+                )
             timings["lns"] = time.perf_counter() - phase
             candidates.append(improved)
 
     phase = time.perf_counter()
     bound = (
-        _lower_bound(core, exact, candidates, bound_deadline, relative_gap, known_bound) + reduced.constant
+        _lower_bound(
+            core, exact, candidates, bound_deadline, relative_gap, known_bound, "priced_bound" not in timings
+        )
+        + reduced.constant
     )
     timings["bound"] = time.perf_counter() - phase
     label = engine if mode != LNS else f"{engine} (lns)"
     return _finish(
         problem, reduced, core, candidates, exact, bound, label, variables, constraints, tracker, timings
     )
+
+
+def _peak_search(
+    core: CompactProblem,
+    engine: str,
+    incumbent: np.ndarray,
+    deadline: float,
+    seed: int,
+    tracker: _Tracker,
+    constant: float,
+) -> np.ndarray:
+    """`solver.large.peak.peak_lns` from ``incumbent`` until ``deadline``, its incumbents reported."""
+    improved, stats = peak_lns(
+        core,
+        incumbent,
+        deadline=deadline,
+        backend=engine,
+        seed=seed,
+        on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-peak-lns", cost + constant),
+    )
+    log.info(
+        "peak lns: %d regions, %d improved (%d at the peak), %d columns a region at the end",
+        stats.regions,
+        stats.improved,
+        stats.peak_improved,
+        stats.region_columns,
+    )
+    return improved
 
 
 def _lagrangian_search(
@@ -389,6 +454,7 @@ def _solve_whole(
         active = np.intersect1d(near, needed)
     timings.setdefault("build", 0.0)
     rounds = 0
+    bound = -math.inf  # every round's program is a relaxation of the whole one: its bound holds
     while True:
         if first_work is not None and rounds == 0:
             program = first_work.program
@@ -406,7 +472,8 @@ def _solve_whole(
             started=first_work if rounds == 0 else None,
         )
         rounds += 1
-        result = _proven_only(result, program)
+        bound = max(bound, result.bound)
+        result = dataclasses.replace(_proven_only(result, program), bound=bound)
         if result.assignment is None or core.usage_limit is None:
             break
         violated = memory_times_over(core, result.assignment, core.usage_limit)
@@ -438,16 +505,18 @@ def _lower_bound(
     deadline: float,
     relative_gap: float = 0.0,
     known_bound: float = -math.inf,
+    price_memory: bool = True,
 ) -> float:
     """The best proven bound on the compact problem: the backend's, else the Lagrangian dual bound with the
-    memory limit priced in (an incumbent's cost sizes its steps)."""
+    memory limit priced in (an incumbent's cost sizes its steps; not again when ``price_memory`` is False:
+    ``known_bound`` holds it)."""
     bound = max(core.trivial_bound(), known_bound)
     if exact is not None and math.isfinite(exact.bound):
         bound = max(bound, exact.bound)
     if exact is not None and exact.status == OPTIMAL:
         return bound
     incumbent = min((core.cost(c) for c in candidates), default=math.inf)
-    if math.isfinite(incumbent) and incumbent - bound <= relative_gap * abs(incumbent):
+    if not price_memory or (math.isfinite(incumbent) and incumbent - bound <= relative_gap * abs(incumbent)):
         return bound
     dual = memory_dual_bound(
         core,
