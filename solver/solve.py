@@ -6,13 +6,18 @@ over the strategies it found promising solved exactly); when that proves the gap
 otherwise `heuristic_solve` (anytime, feasible incumbent in seconds; before a whole-program backend it
 stops once stale) -> then, by size:
 
+- where the memory limit binds somewhere (*tight*: some step some assignment could overflow), large
+  neighbourhood search around the peak first (`solver.large.peak`): for `PEAK_FULL_SHARE` of the work time,
+  then the memory-priced Lagrangian bound, then the whole program with the time left; for all the work time
+  when the whole program has more columns than the search's largest region;
 - the whole program (`_solve_whole`): `ilp.build_program` with memory rows added lazily (only steps some
   assignment could overflow, then the steps an answer violates; HiGHS starts with none and separates the
   rows its LP solutions violate from the program's `MemoryProfile`) + a backend warm-started from the
   incumbent;
 - too large for that, few nodes (`solver.large.pruned`): TRW-S bound and beliefs, the program over each node's
   best strategies solved whole, then large neighbourhood search if the gap is still open;
-- too large, many nodes: large neighbourhood search (`solver.large.lns`);
+- too large, many nodes: large neighbourhood search (`solver.large.peak` when tight, else
+  `solver.large.lns`);
 
 -> the best assignment, mapped back and re-costed by the independent evaluator. The bound is the best proven
 lower bound (the backend's, TRW-S's, the memory-priced Lagrangian's, or every node and edge at its cheapest

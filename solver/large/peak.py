@@ -69,6 +69,7 @@ def peak_lns(
     seed: int = 0,
     region_columns: int = REGION_COLUMNS,
     on_incumbent: Callable[[float, np.ndarray], None] | None = None,
+    max_columns: int = MAX_COLUMNS,
 ) -> tuple[np.ndarray, PeakStats]:
     """Improve ``incumbent`` (feasible) region by region until ``deadline``, a `time.perf_counter()` value."""
     rng = np.random.default_rng(seed)
@@ -80,21 +81,21 @@ def peak_lns(
     regions = improved = peak_improved = 0
     if len(layout.free) == 0:
         return current, PeakStats(0, 0, 0, int(budget), cost)
-    while time.perf_counter() < deadline - 0.5:
+    while time.perf_counter() < deadline - 0.25:
         at_peak = layout.num_rows > 0 and rng.random() < PEAK_SHARE
         seeds = layout.peak_seeds(current, rng) if at_peak else np.array([rng.choice(layout.free)])
         region = layout.grow(seeds, int(budget), rng)
-        limit = min(REGION_SECONDS, deadline - time.perf_counter() - 0.2)
-        if limit <= 0.2:
+        limit = min(REGION_SECONDS, deadline - time.perf_counter() - 0.1)
+        if limit <= 0.1:
             break
         sub, warm = fixed_outside(problem, region, current)
         program = build_program(sub, memory_times=binding_memory_times(sub))
         result = solver.solve(program, time_limit=limit, threads=1, warm_start=warm)
         regions += 1
         if result.status == OPTIMAL and result.seconds < QUICK_SHARE * limit:
-            budget = min(MAX_COLUMNS, budget * GROW)
+            budget = min(max_columns, budget * GROW)
         elif result.status != OPTIMAL:
-            budget = max(MIN_COLUMNS, budget * SHRINK)
+            budget = max(min(MIN_COLUMNS, budget), budget * SHRINK)
         if result.assignment is None:
             continue
         candidate = current.copy()
