@@ -6,18 +6,18 @@ over the strategies it found promising solved exactly); when that proves the gap
 otherwise `heuristic_solve` (anytime, feasible incumbent in seconds; before a whole-program backend it
 stops once stale) -> then, by size:
 
-- where the memory limit binds somewhere (*tight*: some step some assignment could overflow), large
-  neighbourhood search around the peak first (`solver.large.peak`): for `PEAK_FULL_SHARE` of the work time,
-  then the memory-priced Lagrangian bound, then the whole program with the time left; for all the work time
-  when the whole program has more columns than the search's largest region;
 - the whole program (`_solve_whole`): `ilp.build_program` with memory rows added lazily (only steps some
   assignment could overflow, then the steps an answer violates; HiGHS starts with none and separates the
   rows its LP solutions violate from the program's `MemoryProfile`) + a backend warm-started from the
-  incumbent;
+  incumbent; where the memory limit binds somewhere (*tight*: some step some assignment could overflow),
+  for `PEAK_WHOLE_SHARE` of the work time, then, unless it proved its answer, large neighbourhood search
+  around the peak (`solver.large.peak`); tight and larger than the search's largest region, no whole
+  program: the search over the strategies memory prices make promising (`solver.large.priced`), the
+  memory-priced Lagrangian bound, then the search over all strategies;
 - too large for that, few nodes (`solver.large.pruned`): TRW-S bound and beliefs, the program over each node's
   best strategies solved whole, then large neighbourhood search if the gap is still open;
-- too large, many nodes: large neighbourhood search (`solver.large.peak` when tight, else
-  `solver.large.lns`);
+- too large, many nodes: large neighbourhood search (`solver.large.lns`; the search around the peak was
+  measured worse there: M and S at 60 s, +0.1% and +0.5%, though U -16%);
 
 -> the best assignment, mapped back and re-costed by the independent evaluator. The bound is the best proven
 lower bound (the backend's, TRW-S's, the memory-priced Lagrangian's, or every node and edge at its cheapest
@@ -112,17 +112,16 @@ LAGRANGIAN_GIVE_UP_GAP = 0.05
 RESTRICTED_GAP_SHARE = 0.25
 #: ... in at most this share of the time limit.
 RESTRICTED_SHARE = 0.1
-#: Where the memory limit binds somewhere (`binding_memory_times`), the whole program waits for large
-#: neighbourhood search around the peak (`solver.large.peak`) for this share of the work time after the
-#: heuristic (IOPDDL B at 10 s: the heuristic stalls at 690,222 after 1.6 s and HiGHS on the whole program
-#: finds nothing better; the search reaches the optimum 532,843 within 3 s) ...
-PEAK_FULL_SHARE = 0.5
-#: ... and for all of it when the whole program has more columns than the search's largest region (V:
-#: 784,000 columns, where HiGHS found nothing in 54 s).
+#: Where the memory limit binds somewhere (`binding_memory_times`), the whole program gets this share of the
+#: work time after the heuristic; unless it proves its answer, large neighbourhood search around the peak
+#: (`solver.large.peak`) takes the rest from the best answer (run first, the search delayed the proofs of
+#: A and G, optimal in 7 and 3 s, to 20 and 11 s) ...
+PEAK_WHOLE_SHARE = 0.5
+#: ... and no whole program runs when it has more columns than the search's largest region (V: 784,000
+#: columns, where HiGHS found nothing in 54 s): the search first runs over the strategies the memory-priced
+#: Lagrangian search finds promising (`solver.large.priced`) for this share of the work time (V: 2.11M in
+#: 5 s, where the search over every strategy stalls at 2.77M), then over all of them.
 PEAK_WHOLE_MAX_COLUMNS = PEAK_MAX_COLUMNS
-#: Before that, where the whole program is too large, the search runs over the strategies the memory-priced
-#: Lagrangian search finds promising (`solver.large.priced`) for this share of the work time (V: 2.11M in 5 s,
-#: where the search over every strategy stalls at 2.77M).
 PRICED_SHARE = 0.5
 #: Progress events: (phase, seconds since start, incumbent cost or inf, bound or -inf).
 ProgressCallback = Callable[[str, float, float, float], None]
@@ -222,8 +221,8 @@ def solve(
 
     relaxation_first = mode == FULL and get_backend(engine).separates_memory
     stagnation = _Stagnation(time.perf_counter(), HEURISTIC_QUIET_S[relaxation_first])
-    peak_first = mode == FULL and tight
-    early = mode == FULL and not peak_first
+    priced_first = mode == FULL and tight and program_size(core) > PEAK_WHOLE_MAX_COLUMNS
+    early = mode == FULL and not priced_first
     first_work = _begin_whole(core, engine, work_deadline, threads, timings) if early else None
     phase = time.perf_counter()
 
@@ -257,43 +256,37 @@ def solve(
         if incumbent is None or searched.cost < core.cost(incumbent):
             incumbent = searched.assignment
 
-    whole = mode == FULL
-    if peak_first and incumbent is not None:
-        whole = program_size(core) <= PEAK_WHOLE_MAX_COLUMNS
+    whole = mode == FULL and not priced_first
+    if priced_first and incumbent is not None:
         constant = reduced.constant
         phase = time.perf_counter()
-        if whole:
-            first_deadline = phase + PEAK_FULL_SHARE * (work_deadline - phase)
-            incumbent = _peak_search(core, engine, incumbent, first_deadline, seed, tracker, constant)
-            timings["peak_lns"] = time.perf_counter() - phase
-        else:
-            incumbent = _priced_search(core, engine, incumbent, left, work_deadline, seed, tracker, constant)
-            timings["priced_lns"] = time.perf_counter() - phase
+        incumbent = _priced_search(core, engine, incumbent, left, work_deadline, seed, tracker, constant)
+        timings["priced_lns"] = time.perf_counter() - phase
         candidates.append(incumbent)
         # The memory-priced bound now (it converges in seconds, V: 2.2 s, short of the share kept for it),
-        # then the work goes on up to the bound's deadline.
+        # then the search goes on up to the bound's deadline.
         phase = time.perf_counter()
         priced = memory_dual_bound(core, BOUND_SHARE * left, upper_bound=core.cost(incumbent))
         known_bound = max(known_bound, priced)
         timings["priced_bound"] = time.perf_counter() - phase
         tracker.update("priced", core.cost(incumbent) + constant, known_bound + constant)
         work_deadline = bound_deadline
-        if not whole:
-            phase = time.perf_counter()
-            incumbent = _peak_search(core, engine, incumbent, work_deadline, seed, tracker, constant)
-            timings["peak_lns"] = time.perf_counter() - phase
-            candidates.append(incumbent)
+        phase = time.perf_counter()
+        incumbent = _peak_search(core, engine, incumbent, work_deadline, seed, tracker, constant)
+        timings["peak_lns"] = time.perf_counter() - phase
+        candidates.append(incumbent)
 
     exact: BackendResult | None = None
     variables = constraints = 0
     if whole and time.perf_counter() < work_deadline - 0.2:
         phase = time.perf_counter()
         built_before = timings.get("build", 0.0)
+        whole_deadline = phase + (PEAK_WHOLE_SHARE if tight else 1.0) * (work_deadline - phase)
         exact, variables, constraints = _solve_whole(
             core,
             engine,
             incumbent,
-            work_deadline,
+            whole_deadline,
             threads,
             lambda cost, bound: tracker.update(engine, cost + reduced.constant, bound + reduced.constant),
             timings,
@@ -303,6 +296,13 @@ def solve(
         timings["backend"] = time.perf_counter() - phase - (timings["build"] - built_before)
         if exact.assignment is not None:
             candidates.append(exact.assignment)
+        if tight and exact.status != OPTIMAL and candidates:
+            phase = time.perf_counter()
+            best = min(candidates, key=core.cost)
+            candidates.append(
+                _peak_search(core, engine, best, work_deadline, seed, tracker, reduced.constant)
+            )
+            timings["peak_lns"] = time.perf_counter() - phase
     elif first_work is not None:
         first_work.result()  # no solver may run on when the next one starts (HiGHS shares one thread pool)
     elif mode == LNS and incumbent is not None:
@@ -319,18 +319,14 @@ def solve(
         best = core.cost(incumbent)
         if best - known_bound > relative_gap * abs(best):
             phase = time.perf_counter()
-            if tight:
-                constant = reduced.constant
-                improved = _peak_search(core, engine, incumbent, work_deadline, seed, tracker, constant)
-            else:
-                improved, _stats = lns_improve(
-                    core,
-                    incumbent,
-                    deadline=work_deadline,
-                    backend=engine,
-                    seed=seed,
-                    on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-lns", cost + reduced.constant),
-                )
+            improved, _stats = lns_improve(
+                core,
+                incumbent,
+                deadline=work_deadline,
+                backend=engine,
+                seed=seed,
+                on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-lns", cost + reduced.constant),
+            )
             timings["lns"] = time.perf_counter() - phase
             candidates.append(improved)
 
