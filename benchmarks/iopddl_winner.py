@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ from solver.evaluate import evaluate
 from solver.problem import Problem
 
 WINNER_VARIABLE = "AUTOSHARD_IOPDDL_WINNER"
+REPO = Path(__file__).resolve().parents[1]
 #: A run is killed when it outlives its limit by this share plus this many seconds (both exit on time).
 KILL_SHARE, KILL_GRACE_S = 0.5, 30.0
 COLUMNS = (
@@ -128,9 +130,13 @@ def run_autoshard(path: Path, limit: float, threads: int, workdir: Path) -> dict
         str(out),
         "--quiet",
     ]
+    # The checkout this module is in comes first on the path: the environment's `autoshard` would otherwise
+    # import the package it was installed from (an editable install of another worktree).
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_kill_after(limit))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_kill_after(limit), env=env)
     except subprocess.TimeoutExpired:
         return {"status": "killed", "wall": time.perf_counter() - started}
     wall = time.perf_counter() - started

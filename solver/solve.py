@@ -9,10 +9,15 @@ stops once stale) -> then, by size:
 - the whole program (`_solve_whole`): `ilp.build_program` with memory rows added lazily (only steps some
   assignment could overflow, then the steps an answer violates; HiGHS starts with none and separates the
   rows its LP solutions violate from the program's `MemoryProfile`) + a backend warm-started from the
-  incumbent;
+  incumbent; where the memory limit binds somewhere (*tight*: some step some assignment could overflow),
+  for `PEAK_WHOLE_SHARE` of the work time, then, unless it proved its answer, large neighbourhood search
+  around the peak (`solver.large.peak`); tight and larger than the search's largest region, no whole
+  program: the search over the strategies memory prices make promising (`solver.large.priced`), the
+  memory-priced Lagrangian bound, then the search over all strategies;
 - too large for that, few nodes (`solver.large.pruned`): TRW-S bound and beliefs, the program over each node's
   best strategies solved whole, then large neighbourhood search if the gap is still open;
-- too large, many nodes: large neighbourhood search (`solver.large.lns`);
+- too large, many nodes: large neighbourhood search (`solver.large.lns`; the search around the peak was
+  measured worse there: M and S at 60 s, +0.1% and +0.5%, though U -16%);
 
 -> the best assignment, mapped back and re-costed by the independent evaluator. The time limit holds for the
 whole: the phases after the reductions share the time left then (never less than `MIN_LEFT_SHARE` of it).
@@ -53,6 +58,9 @@ from solver.heuristics.anytime import warm_up
 from solver.heuristics.portfolio import portfolio_solve
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
 from solver.large.lns import lns_improve
+from solver.large.peak import MAX_COLUMNS as PEAK_MAX_COLUMNS
+from solver.large.peak import peak_lns
+from solver.large.priced import promising_strategies, search_restricted
 from solver.large.pruned import Pruned, pruned_solve, solve_over
 from solver.problem import Problem
 from solver.reductions import Reduced, reduce
@@ -106,6 +114,17 @@ LAGRANGIAN_GIVE_UP_GAP = 0.05
 RESTRICTED_GAP_SHARE = 0.25
 #: ... in at most this share of the time limit.
 RESTRICTED_SHARE = 0.1
+#: Where the memory limit binds somewhere (`binding_memory_times`), the whole program gets this share of the
+#: work time after the heuristic; unless it proves its answer, large neighbourhood search around the peak
+#: (`solver.large.peak`) takes the rest from the best answer (run first, the search delayed the proofs of
+#: A and G, optimal in 7 and 3 s, to 20 and 11 s) ...
+PEAK_WHOLE_SHARE = 0.5
+#: ... and no whole program runs when it has more columns than the search's largest region (V: 784,000
+#: columns, where HiGHS found nothing in 54 s): the search first runs over the strategies the memory-priced
+#: Lagrangian search finds promising (`solver.large.priced`) for this share of the work time (V: 2.11M in
+#: 5 s, where the search over every strategy stalls at 2.77M), then over all of them.
+PEAK_WHOLE_MAX_COLUMNS = PEAK_MAX_COLUMNS
+PRICED_SHARE = 0.5
 #: Progress events: (phase, seconds since start, incumbent cost or inf, bound or -inf).
 ProgressCallback = Callable[[str, float, float, float], None]
 
@@ -171,12 +190,13 @@ def solve(
     _check_memory_possible(core)
 
     engine, mode = _plan(core, backend)
+    tight = mode != HEURISTIC and len(binding_memory_times(core)) > 0
     # Every phase's share is of the time left now, after the reductions: on a plan search's short limits the
     # reductions of a large problem take much of it, and shares of the whole limit would overrun it.
     now = time.perf_counter()
     left = max(deadline - now, MIN_LEFT_SHARE * time_limit)
     bound_deadline = now + (1.0 - FINISH_RESERVE) * left
-    work_deadline = bound_deadline - (0.0 if mode == FULL else BOUND_SHARE * left)
+    work_deadline = bound_deadline - (0.0 if mode == FULL and not tight else BOUND_SHARE * left)
 
     known_bound = -math.inf
     searched: BranchResult | None = None
@@ -203,7 +223,9 @@ def solve(
 
     relaxation_first = mode == FULL and get_backend(engine).separates_memory
     stagnation = _Stagnation(time.perf_counter(), HEURISTIC_QUIET_S[relaxation_first])
-    first_work = _begin_whole(core, engine, work_deadline, threads, timings) if mode == FULL else None
+    priced_first = mode == FULL and tight and program_size(core) > PEAK_WHOLE_MAX_COLUMNS
+    early = mode == FULL and not priced_first
+    first_work = _begin_whole(core, engine, work_deadline, threads, timings) if early else None
     phase = time.perf_counter()
 
     def on_incumbent(cost: float, _assignment: np.ndarray) -> None:
@@ -236,16 +258,37 @@ def solve(
         if incumbent is None or searched.cost < core.cost(incumbent):
             incumbent = searched.assignment
 
+    whole = mode == FULL and not priced_first
+    if priced_first and incumbent is not None:
+        constant = reduced.constant
+        phase = time.perf_counter()
+        incumbent = _priced_search(core, engine, incumbent, left, work_deadline, seed, tracker, constant)
+        timings["priced_lns"] = time.perf_counter() - phase
+        candidates.append(incumbent)
+        # The memory-priced bound now (it converges in seconds, V: 2.2 s, short of the share kept for it),
+        # then the search goes on up to the bound's deadline.
+        phase = time.perf_counter()
+        priced = memory_dual_bound(core, BOUND_SHARE * left, upper_bound=core.cost(incumbent))
+        known_bound = max(known_bound, priced)
+        timings["priced_bound"] = time.perf_counter() - phase
+        tracker.update("priced", core.cost(incumbent) + constant, known_bound + constant)
+        work_deadline = bound_deadline
+        phase = time.perf_counter()
+        incumbent = _peak_search(core, engine, incumbent, work_deadline, seed, tracker, constant)
+        timings["peak_lns"] = time.perf_counter() - phase
+        candidates.append(incumbent)
+
     exact: BackendResult | None = None
     variables = constraints = 0
-    if mode == FULL and time.perf_counter() < deadline - 0.2:
+    if whole and time.perf_counter() < work_deadline - 0.2:
         phase = time.perf_counter()
         built_before = timings.get("build", 0.0)
+        whole_deadline = phase + (PEAK_WHOLE_SHARE if tight else 1.0) * (work_deadline - phase)
         exact, variables, constraints = _solve_whole(
             core,
             engine,
             incumbent,
-            work_deadline,
+            whole_deadline,
             threads,
             lambda cost, bound: tracker.update(engine, cost + reduced.constant, bound + reduced.constant),
             timings,
@@ -255,6 +298,13 @@ def solve(
         timings["backend"] = time.perf_counter() - phase - (timings["build"] - built_before)
         if exact.assignment is not None:
             candidates.append(exact.assignment)
+        if tight and exact.status != OPTIMAL and candidates:
+            phase = time.perf_counter()
+            best = min(candidates, key=core.cost)
+            candidates.append(
+                _peak_search(core, engine, best, work_deadline, seed, tracker, reduced.constant)
+            )
+            timings["peak_lns"] = time.perf_counter() - phase
     elif first_work is not None:
         first_work.result()  # no solver may run on when the next one starts (HiGHS shares one thread pool)
     elif mode == LNS and incumbent is not None:
@@ -284,13 +334,74 @@ def solve(
 
     phase = time.perf_counter()
     bound = (
-        _lower_bound(core, exact, candidates, bound_deadline, relative_gap, known_bound) + reduced.constant
+        _lower_bound(
+            core, exact, candidates, bound_deadline, relative_gap, known_bound, "priced_bound" not in timings
+        )
+        + reduced.constant
     )
     timings["bound"] = time.perf_counter() - phase
     label = engine if mode != LNS else f"{engine} (lns)"
     return _finish(
         problem, reduced, core, candidates, exact, bound, label, variables, constraints, tracker, timings
     )
+
+
+def _priced_search(
+    core: CompactProblem,
+    engine: str,
+    incumbent: np.ndarray,
+    left: float,
+    deadline: float,
+    seed: int,
+    tracker: _Tracker,
+    constant: float,
+) -> np.ndarray:
+    """`solver.large.priced`: the root of the Lagrangian search for up to `LAGRANGIAN_SHARE` of the time
+    ``left``, then the search around the peak over the strategies it found promising for `PRICED_SHARE` of
+    the time to ``deadline``; ``incumbent`` where it does not apply."""
+    keep, decoded = promising_strategies(core, incumbent, time.perf_counter() + LAGRANGIAN_SHARE * left)
+    if keep is None:
+        return incumbent
+    start = decoded if decoded is not None else incumbent
+    tracker.incumbent("lagrangian", core.cost(start) + constant)
+    now = time.perf_counter()
+    return search_restricted(
+        core,
+        keep,
+        start,
+        now + PRICED_SHARE * (deadline - now),
+        engine,
+        seed,
+        on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-priced-lns", cost + constant),
+    )
+
+
+def _peak_search(
+    core: CompactProblem,
+    engine: str,
+    incumbent: np.ndarray,
+    deadline: float,
+    seed: int,
+    tracker: _Tracker,
+    constant: float,
+) -> np.ndarray:
+    """`solver.large.peak.peak_lns` from ``incumbent`` until ``deadline``, its incumbents reported."""
+    improved, stats = peak_lns(
+        core,
+        incumbent,
+        deadline=deadline,
+        backend=engine,
+        seed=seed,
+        on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-peak-lns", cost + constant),
+    )
+    log.info(
+        "peak lns: %d regions, %d improved (%d at the peak), %d columns a region at the end",
+        stats.regions,
+        stats.improved,
+        stats.peak_improved,
+        stats.region_columns,
+    )
+    return improved
 
 
 def _lagrangian_search(
@@ -391,6 +502,7 @@ def _solve_whole(
         active = np.intersect1d(near, needed)
     timings.setdefault("build", 0.0)
     rounds = 0
+    bound = -math.inf  # every round's program is a relaxation of the whole one: its bound holds
     while True:
         if first_work is not None and rounds == 0:
             program = first_work.program
@@ -408,7 +520,8 @@ def _solve_whole(
             started=first_work if rounds == 0 else None,
         )
         rounds += 1
-        result = _proven_only(result, program)
+        bound = max(bound, result.bound)
+        result = dataclasses.replace(_proven_only(result, program), bound=bound)
         if result.assignment is None or core.usage_limit is None:
             break
         violated = memory_times_over(core, result.assignment, core.usage_limit)
@@ -440,16 +553,18 @@ def _lower_bound(
     deadline: float,
     relative_gap: float = 0.0,
     known_bound: float = -math.inf,
+    price_memory: bool = True,
 ) -> float:
     """The best proven bound on the compact problem: the backend's, else the Lagrangian dual bound with the
-    memory limit priced in (an incumbent's cost sizes its steps)."""
+    memory limit priced in (an incumbent's cost sizes its steps; not again when ``price_memory`` is False:
+    ``known_bound`` holds it)."""
     bound = max(core.trivial_bound(), known_bound)
     if exact is not None and math.isfinite(exact.bound):
         bound = max(bound, exact.bound)
     if exact is not None and exact.status == OPTIMAL:
         return bound
     incumbent = min((core.cost(c) for c in candidates), default=math.inf)
-    if math.isfinite(incumbent) and incumbent - bound <= relative_gap * abs(incumbent):
+    if not price_memory or (math.isfinite(incumbent) and incumbent - bound <= relative_gap * abs(incumbent)):
         return bound
     dual = memory_dual_bound(
         core,

@@ -142,22 +142,33 @@ class HighsBackend:
                 return answer
         if (answer := _out_of_time_for_mip(best, bound, begun, deadline)) is not None:
             return answer
-        answer = _run_mip(
-            program,
-            max(0.01, deadline - time.perf_counter()),
-            threads,
-            best.assignment,
-            relative_gap,
-            col_upper=upper,
-            progress=progress,
-            started=begun,
-            extra_rows=relaxation.extra_rows if relaxation is not None else None,
-        )
-        if answer.status == INFEASIBLE:
-            return answer
-        bound = max(bound, answer.bound)
-        if answer.assignment is not None:
-            best.offer(answer.assignment)
+        # Without the relaxation's rows the MIP knows no memory row at all; an answer that breaks some is
+        # refused (`_Best.offer`), the rows it breaks are added and the MIP runs again with the time left.
+        extra_rows = relaxation.extra_rows if relaxation is not None else _ExtraRows(program)
+        rounds = 0
+        while True:
+            answer = _run_mip(
+                program,
+                max(0.01, deadline - time.perf_counter()),
+                threads,
+                best.assignment,
+                relative_gap,
+                col_upper=upper,
+                progress=progress,
+                started=begun,
+                extra_rows=extra_rows,
+            )
+            if answer.status == INFEASIBLE:
+                return answer
+            bound = max(bound, answer.bound)
+            if answer.assignment is None:
+                break
+            columns = best.offer(answer.assignment)
+            if columns is None or time.perf_counter() >= deadline - 0.1:
+                break
+            if extra_rows.add_violated(None, columns, rounds) == 0:
+                break
+            rounds += 1
         seconds = time.perf_counter() - begun
         if best.assignment is None:
             return BackendResult.nothing(seconds, answer.status, bound)
@@ -706,20 +717,28 @@ def _subscribe_progress(
     first_found: list[float],
 ) -> None:
     last_report = [0.0]
+    # HiGHS's incumbent, once it keeps every memory row: the MIP may know only some of them (the rest are
+    # separated lazily), and an answer of that relaxation is no answer of the problem (IOPDDL B: a progress
+    # line of 134,699, the memory-free optimum, against the true optimum 532,843).
+    feasible = [math.inf]
 
     def report(event: object, force: bool) -> None:
         now = time.perf_counter() - started
         data = event.data_out  # type: ignore[attr-defined]
         if force and not first_found:
             first_found.append(now)
+        if force:
+            primal = float(data.mip_primal_bound)
+            profile = program.memory_profile
+            if profile is None or len(profile.over(np.asarray(data.mip_solution))) == 0:
+                feasible[0] = min(feasible[0], primal)
         if progress is None or (not force and now - last_report[0] < 1.0):
             return
         last_report[0] = now
-        primal = float(data.mip_primal_bound)
         dual = float(data.mip_dual_bound)
         progress(
             now,
-            primal + program.constant if math.isfinite(primal) else math.inf,
+            feasible[0] + program.constant if math.isfinite(feasible[0]) else math.inf,
             dual + program.constant if math.isfinite(dual) else -math.inf,
         )
 

@@ -54,7 +54,7 @@ def lns_improve(
     regions = improved = 0
     while len(free) and time.perf_counter() < deadline - 0.5:
         region = _grow_region(problem, int(rng.choice(free)), region_nodes)
-        sub, warm = _subproblem(problem, region, current)
+        sub, warm = fixed_outside(problem, region, current)
         program = build_program(sub)
         limit = min(REGION_SECONDS, deadline - time.perf_counter() - 0.2)
         if limit <= 0.2:
@@ -66,7 +66,7 @@ def lns_improve(
         candidate = current.copy()
         candidate[region] = result.assignment[: len(region)]
         candidate_cost = problem.cost(candidate)
-        if candidate_cost < cost and _fits(problem, candidate):
+        if candidate_cost < cost and fits(problem, candidate):
             current, cost = candidate, candidate_cost
             improved += 1
             if on_incumbent is not None:
@@ -94,7 +94,7 @@ def _grow_region(problem: CompactProblem, root: int, size: int) -> np.ndarray:
     return np.array(sorted(order), dtype=np.int64)
 
 
-def _subproblem(
+def fixed_outside(
     problem: CompactProblem, region: np.ndarray, assignment: np.ndarray
 ) -> tuple[CompactProblem, np.ndarray]:
     """The region free, everything else fixed; node ``len(region)`` carries the fixed memory."""
@@ -132,7 +132,7 @@ def _subproblem(
     return sub, np.append(assignment[region], 0)
 
 
-def _fits(problem: CompactProblem, assignment: np.ndarray) -> bool:
+def fits(problem: CompactProblem, assignment: np.ndarray) -> bool:
     """Memory check of a full assignment (the region's program already enforces it; this guards it)."""
     if problem.usage_limit is None or len(problem.term_node) == 0:
         return True

@@ -144,3 +144,30 @@ def beaten_by_definition(values: np.ndarray) -> np.ndarray:
             if b != a and all(values[b] <= values[a]) and (any(values[b] < values[a]) or b < a):
                 beaten[a] = True
     return beaten
+
+
+def tight_problem(rng: np.random.Generator, nodes: tuple[int, int] = (5, 7)) -> Problem:
+    """A small problem where memory binds hard: a smaller strategy costs more, every node is alive over
+    overlapping windows, and the limit sits halfway between the least peak any assignment reaches and the
+    peak of the memory-free optimum, so that optimum breaks it."""
+    n = int(rng.integers(nodes[0], nodes[1] + 1))
+    counts = rng.integers(2, 4, size=n)
+    usages = [rng.integers(1, 30, size=c) for c in counts]
+    costs = [(40 - u + rng.integers(0, 8, size=len(u))).astype(float) for u in usages]
+    starts = rng.integers(0, 4, size=n)
+    intervals = np.stack([starts, starts + rng.integers(3, 7, size=n)], axis=1)
+    edges = [(i, i + 1) for i in range(n - 1)] + [(0, n - 1)]
+    matrices = [rng.integers(0, 12, size=(counts[u], counts[v])).astype(float) for u, v in edges]
+    free = Problem.from_lists(costs, usages, intervals, edges, matrices)
+    _, optimum = brute_force(free)
+    assert optimum is not None
+    lean = np.array([int(np.argmin(u)) for u in usages])
+    limit = (_peak(free, lean) + _peak(free, optimum)) // 2
+    return free.replace(usage_limit=int(limit), name="tight-random")
+
+
+def _peak(problem: Problem, assignment: np.ndarray) -> int:
+    used = problem.usages[problem.node_offsets[:-1] + assignment]
+    horizon = int(problem.intervals.max(initial=0)) + 1
+    starts, ends = problem.intervals[:, 0], problem.intervals[:, 1]
+    return max(int(used[(starts <= t) & (t < ends)].sum()) for t in range(horizon))

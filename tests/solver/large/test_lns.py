@@ -10,7 +10,7 @@ import pytest
 from solver.compact import compact
 from solver.evaluate import evaluate
 from solver.heuristics.state import flatten, min_usage_assignment
-from solver.large.lns import _subproblem, lns_improve
+from solver.large.lns import fixed_outside, lns_improve
 from tests.solver.random_problems import brute_force, random_problem
 
 
@@ -41,7 +41,7 @@ def test_subproblem_keeps_the_cost_of_the_fixed_part_out_and_the_memory_in() -> 
     core = compact(problem)
     assignment = np.zeros(core.num_nodes, dtype=np.int64)
     region = np.array([0, 2], dtype=np.int64)
-    sub, warm = _subproblem(core, region, assignment)
+    sub, warm = fixed_outside(core, region, assignment)
     assert sub.num_nodes == len(region) + 1
     assert warm.tolist() == [0, 0, 0]
     # every memory term is kept: the region's as variables, the rest as constants on the background node
