@@ -61,13 +61,9 @@ def lns_improve(
             break
         result = solver.solve(program, time_limit=limit, threads=1, warm_start=warm)
         regions += 1
-        if result.assignment is None:
-            continue
-        candidate = current.copy()
-        candidate[region] = result.assignment[: len(region)]
-        candidate_cost = problem.cost(candidate)
-        if candidate_cost < cost and fits(problem, candidate):
-            current, cost = candidate, candidate_cost
+        adopted = adopt_region(problem, current, cost, region, result.assignment)
+        if adopted is not None:
+            current, cost = adopted
             improved += 1
             if on_incumbent is not None:
                 on_incumbent(cost, current)
@@ -130,6 +126,25 @@ def fixed_outside(
         node_of=np.arange(len(costs), dtype=np.int64),
     )
     return sub, np.append(assignment[region], 0)
+
+
+def adopt_region(
+    problem: CompactProblem,
+    current: np.ndarray,
+    cost: float,
+    region: np.ndarray,
+    answer: np.ndarray | None,
+) -> tuple[np.ndarray, float] | None:
+    """``current`` with its ``region`` nodes set from a region program's ``answer`` (its first ``len(region)``
+    entries), and that cost, when it costs less than ``cost`` and fits the memory limit; else None."""
+    if answer is None:
+        return None
+    candidate = current.copy()
+    candidate[region] = answer[: len(region)]
+    candidate_cost = problem.cost(candidate)
+    if candidate_cost < cost and fits(problem, candidate):
+        return candidate, candidate_cost
+    return None
 
 
 def fits(problem: CompactProblem, assignment: np.ndarray) -> bool:

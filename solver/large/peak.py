@@ -34,7 +34,7 @@ from solver.backends import get_backend
 from solver.backends.base import OPTIMAL
 from solver.compact import CompactProblem
 from solver.ilp import binding_memory_times, build_program
-from solver.large.lns import fits, fixed_outside
+from solver.large.lns import adopt_region, fixed_outside
 
 #: Columns of a region's program at first, and the range the adaptation keeps it in.
 REGION_COLUMNS = 20_000
@@ -96,13 +96,9 @@ def peak_lns(
             budget = min(max_columns, budget * GROW)
         elif result.status != OPTIMAL:
             budget = max(min(MIN_COLUMNS, budget), budget * SHRINK)
-        if result.assignment is None:
-            continue
-        candidate = current.copy()
-        candidate[region] = result.assignment[: len(region)]
-        candidate_cost = problem.cost(candidate)
-        if candidate_cost < cost and fits(problem, candidate):
-            current, cost = candidate, candidate_cost
+        adopted = adopt_region(problem, current, cost, region, result.assignment)
+        if adopted is not None:
+            current, cost = adopted
             improved += 1
             peak_improved += int(at_peak)
             if on_incumbent is not None:
