@@ -55,13 +55,14 @@ from solver.compact import CompactProblem, compact
 from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
 from solver.heuristics.anytime import warm_up
-from solver.heuristics.portfolio import portfolio_solve
+from solver.heuristics.portfolio import background_search, portfolio_solve
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
 from solver.large.lns import lns_improve
 from solver.large.peak import MAX_COLUMNS as PEAK_MAX_COLUMNS
 from solver.large.peak import peak_lns
 from solver.large.priced import promising_strategies, search_restricted
 from solver.large.pruned import Pruned, pruned_solve, solve_over
+from solver.parallel import ForkedSearch, can_fork
 from solver.problem import Problem
 from solver.reductions import Reduced, reduce
 
@@ -258,6 +259,14 @@ def solve(
         if incumbent is None or searched.cost < core.cost(incumbent):
             incumbent = searched.assignment
 
+    # Large neighbourhood search takes one core; the heuristic goes on from its best answer on another until
+    # the bound's deadline (on N its long descents are what find the cheap answers: 239e9 after half the work
+    # time, 208e9 after all of it), and the search takes its answers whenever they are cheaper.
+    background = (
+        [background_search(core, bound_deadline - time.perf_counter(), seed + threads, initial=incumbent)]
+        if mode == LNS and threads > 1 and incumbent is not None and can_fork()
+        else []
+    )
     whole = mode == FULL and not priced_first
     if priced_first and incumbent is not None:
         constant = reduced.constant
@@ -310,7 +319,9 @@ def solve(
     elif mode == LNS and incumbent is not None:
         if _use_pruned(core):
             phase = time.perf_counter()
-            pruned = _pruned(core, engine, incumbent, left, work_deadline, threads, relative_gap)
+            pruned = _pruned(
+                core, engine, incumbent, left, work_deadline, threads - len(background), relative_gap
+            )
             timings["pruned"] = time.perf_counter() - phase
             known_bound = max(known_bound, pruned.bound)
             if pruned.assignment is not None and core.cost(pruned.assignment) < core.cost(incumbent):
@@ -328,6 +339,7 @@ def solve(
                 backend=engine,
                 seed=seed,
                 on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-lns", cost + reduced.constant),
+                outside=lambda: _read_background(background, tracker, reduced.constant),
             )
             timings["lns"] = time.perf_counter() - phase
             candidates.append(improved)
@@ -340,10 +352,27 @@ def solve(
         + reduced.constant
     )
     timings["bound"] = time.perf_counter() - phase
+    for search in background:
+        answer = search.stop()
+        if answer is not None:
+            tracker.incumbent("heuristic", answer[0] + reduced.constant)
+            candidates.append(answer[1])
     label = engine if mode != LNS else f"{engine} (lns)"
     return _finish(
         problem, reduced, core, candidates, exact, bound, label, variables, constraints, tracker, timings
     )
+
+
+def _read_background(
+    background: list[ForkedSearch], tracker: _Tracker, constant: float
+) -> tuple[float, np.ndarray] | None:
+    """The cheapest new answer of the searches on other cores, reported; None when none came."""
+    answers = [answer for answer in (search.poll() for search in background) if answer is not None]
+    if not answers:
+        return None
+    best = min(answers, key=lambda answer: answer[0])
+    tracker.incumbent("heuristic", best[0] + constant)
+    return best
 
 
 def _priced_search(

@@ -63,7 +63,7 @@ BP_DAMPING = 0.5
 PRICE_FIRST_STEP = 10.0
 PRICE_GROWTH = 2.0
 PRICE_SHRINK = 0.7
-PRICE_ROUND_RESERVE = 0.5
+PRICE_SHARE = 0.5
 #: Late acceptance history length, and moves per call into the kernels.
 HISTORY = 2_000
 CHUNK_MOVES = 500
@@ -85,6 +85,7 @@ def heuristic_solve(
     on_incumbent: Callable[[float, np.ndarray], None] | None = None,
     stop: Callable[[], bool] | None = None,
     searches: int = 1,
+    price_share: float = PRICE_SHARE,
 ) -> np.ndarray | None:
     """Best feasible super-node assignment found (finite cost, memory within limit), or None.
 
@@ -92,6 +93,9 @@ def heuristic_solve(
     this process, the best answer of all kept. Each seed ends in its own local optimum: on llama3-8b plans
     on 3-D meshes (2 s limits) the best of four seeds cost 9-28% less than the first alone, so on one core
     two searches at half speed beat one at full speed.
+
+    ``price_share``: the share of ``time_limit`` in which new priced targets may be drawn; the rest goes to
+    searching on from the best of them.
     """
     deadline = time.monotonic() + time_limit
     if problem.num_nodes == 0:
@@ -116,7 +120,7 @@ def heuristic_solve(
             work,
             seed + k,
             deadline,
-            time_limit,
+            deadline - (1.0 - price_share) * time_limit,
             stop,
         )
         for k in range(max(1, searches))
@@ -136,11 +140,12 @@ def _search(
     work: Work,
     seed: int,
     deadline: float,
-    time_limit: float,
+    pricing_until: float,
     stop: Callable[[], bool] | None,
 ) -> Iterator[None]:
-    """One search, a kernel call per step: the first calls, the priced targets, then from its best until it
-    stalls; then again on another seed from the start, until the deadline or ``stop``."""
+    """One search, a kernel call per step: the first calls, the priced targets (new ones until
+    ``pricing_until``), then from its best until it stalls; then again on another seed from the start, until
+    the deadline or ``stop``."""
     seed_rng(seed)
     rng = np.random.default_rng(seed)
     yield from search.chunks(work, FIRST_CHUNKS, math.inf, None)
@@ -148,7 +153,7 @@ def _search(
     while True:
         prices = _Prices(search.flat)
         while not search.out_of_time(deadline, stop) and prices.rounds < MAX_PRICE_ROUNDS:
-            target = prices.next_target(time.monotonic() < deadline - PRICE_ROUND_RESERVE * time_limit)
+            target = prices.next_target(time.monotonic() < pricing_until)
             if target is None:
                 break
             yield from search.restart_from(target, start, rng, work, deadline, stop)

@@ -1,28 +1,56 @@
 """Run the heuristic on several cores at once: one process per seed, the best feasible answer wins.
 
 The heuristic is single-threaded numba code; with ``threads`` cores it runs ``threads`` independent
-searches (seeds ``seed, seed + 1, ...``) in forked processes that share nothing but a queue of incumbent
-costs, which the parent forwards to its progress callback as they come. On one core, two searches take
-turns in this process.
+searches (seeds ``seed, seed + 1, ...``): one in this process, the others in forked processes
+(`background_search`, `solver.parallel`) that send their improving answers back as they find them. On one
+core, two searches take turns in this process.
+
+A background search may also outlive the portfolio: `solver.solve` keeps one searching on the second core
+while large neighbourhood search runs on the first, and takes its answers whenever they are cheaper.
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing
-import queue
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from solver.compact import CompactProblem
 from solver.heuristics.anytime import heuristic_solve
+from solver.parallel import Answer, Channel, ForkedSearch, can_fork
 
 IncumbentCallback = Callable[[float, np.ndarray], None]
 #: On one core, this many searches take turns in the process (`heuristic_solve`'s ``searches``): what two
 #: processes would give, without the second process.
 ONE_CORE_SEARCHES = 2
+#: The share of its time search ``k`` draws priced targets in (`heuristic_solve`'s ``price_share``), cycled.
+PRICE_SHARES: tuple[float, ...] = (0.5, 0.5)
+
+
+def background_search(
+    problem: CompactProblem,
+    time_limit: float,
+    seed: int,
+    initial: np.ndarray | None = None,
+    price_share: float = PRICE_SHARES[0],
+) -> ForkedSearch:
+    """`heuristic_solve` in a forked process (a core of its own) until ``time_limit`` or `ForkedSearch.stop`;
+    its improving answers arrive through `ForkedSearch.poll`."""
+
+    def run(channel: Channel) -> Answer | None:
+        answer = heuristic_solve(
+            problem,
+            time_limit,
+            seed,
+            initial,
+            on_incumbent=channel.found,
+            stop=channel.halted,
+            price_share=price_share,
+        )
+        return None if answer is None else (problem.cost(answer), answer)
+
+    return ForkedSearch(run)
 
 
 def portfolio_solve(
@@ -33,84 +61,52 @@ def portfolio_solve(
     initial: np.ndarray | None = None,
     on_incumbent: IncumbentCallback | None = None,
     stop: Callable[[], bool] | None = None,
+    background: Sequence[ForkedSearch] = (),
 ) -> np.ndarray | None:
     """Best feasible super-node assignment over ``threads`` heuristic searches (one in this process).
 
-    ``stop`` (asked between chunks of work) ends the search in this process early; forked searches run to
-    ``time_limit``.
+    ``stop`` (asked between chunks of work) ends every search early. ``background``: searches already
+    running on other cores (counted in ``threads``): their answers are read too, and they are left running.
     """
-    if threads <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return heuristic_solve(
-            problem,
-            time_limit,
-            seed=seed,
-            initial=initial,
-            on_incumbent=on_incumbent,
-            stop=stop,
-            searches=ONE_CORE_SEARCHES,
-        )
-    context = multiprocessing.get_context("fork")
-    costs: multiprocessing.Queue = context.Queue()
-    results: multiprocessing.Queue = context.Queue()
-    workers = [
-        context.Process(
-            target=_worker, args=(problem, time_limit, seed + k, initial, costs, results), daemon=True
-        )
-        for k in range(1, threads)
-    ]
-    for worker in workers:
-        worker.start()
+    own_background = []
+    if can_fork():
+        own_background = [
+            background_search(problem, time_limit, seed + k, initial, PRICE_SHARES[k % len(PRICE_SHARES)])
+            for k in range(1, threads - len(background))
+        ]
+    running = [*own_background, *background]
     best_cost = [math.inf]
+    best: list[np.ndarray] = []  # the cheapest answer seen, alone
 
-    def forward(cost: float, assignment: np.ndarray) -> None:
+    def offer(cost: float, assignment: np.ndarray) -> None:
         if cost < best_cost[0]:
             best_cost[0] = cost
+            best[:] = [assignment]
             if on_incumbent is not None:
                 on_incumbent(cost, assignment)
 
-    def drain() -> None:
-        while True:
-            try:
-                cost = costs.get_nowait()
-            except queue.Empty:
-                return
-            forward(cost, np.zeros(0, np.int64))
-
-    def drain_then_ask() -> bool:
-        drain()
+    def read_then_ask() -> bool:
+        for search in running:
+            answer = search.poll()
+            if answer is not None:
+                offer(*answer)
         return stop is not None and stop()
 
     own = heuristic_solve(
-        problem, time_limit, seed=seed, initial=initial, on_incumbent=forward, stop=drain_then_ask
+        problem,
+        time_limit,
+        seed=seed,
+        initial=initial,
+        on_incumbent=offer,
+        stop=read_then_ask,
+        searches=1 if running else ONE_CORE_SEARCHES,
+        price_share=PRICE_SHARES[0],
     )
-    candidates = [own] if own is not None else []
-    deadline = time.monotonic() + 10.0
-    for _ in workers:
-        try:
-            answer = results.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            break
+    if own is not None:
+        offer(problem.cost(own), own)
+    for search in own_background:
+        answer = search.stop()
         if answer is not None:
-            candidates.append(answer)
-    for worker in workers:
-        worker.join(timeout=1.0)
-        if worker.is_alive():
-            worker.terminate()
-    drain()
-    if not candidates:
-        return None
-    return min(candidates, key=problem.cost)
-
-
-def _worker(
-    problem: CompactProblem,
-    time_limit: float,
-    seed: int,
-    initial: np.ndarray | None,
-    costs: multiprocessing.Queue,
-    results: multiprocessing.Queue,
-) -> None:
-    answer = heuristic_solve(
-        problem, time_limit, seed=seed, initial=initial, on_incumbent=lambda cost, _a: costs.put(cost)
-    )
-    results.put(answer)
+            offer(*answer)
+    read_then_ask()
+    return best[0] if best else None

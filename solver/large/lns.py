@@ -44,8 +44,12 @@ def lns_improve(
     seed: int = 0,
     region_nodes: int = REGION_NODES,
     on_incumbent: Callable[[float, np.ndarray], None] | None = None,
+    outside: Callable[[], tuple[float, np.ndarray] | None] | None = None,
 ) -> tuple[np.ndarray, LnsStats]:
-    """Improve `incumbent` region by region until `deadline` (a `time.perf_counter()` value)."""
+    """Improve `incumbent` region by region until `deadline` (a `time.perf_counter()` value).
+
+    ``outside`` (asked before each region): an answer found elsewhere meanwhile (a search on another core),
+    taken when it is cheaper and fits."""
     rng = np.random.default_rng(seed)
     solver = get_backend(backend)
     current = np.asarray(incumbent, dtype=np.int64).copy()
@@ -53,6 +57,7 @@ def lns_improve(
     free = np.flatnonzero(problem.strategy_counts > 1)
     regions = improved = 0
     while len(free) and time.perf_counter() < deadline - 0.5:
+        current, cost = take_offered(problem, current, cost, outside)
         region = _grow_region(problem, int(rng.choice(free)), region_nodes)
         sub, warm = fixed_outside(problem, region, current)
         program = build_program(sub)
@@ -145,6 +150,24 @@ def adopt_region(
     if candidate_cost < cost and fits(problem, candidate):
         return candidate, candidate_cost
     return None
+
+
+def take_offered(
+    problem: CompactProblem,
+    current: np.ndarray,
+    cost: float,
+    outside: Callable[[], tuple[float, np.ndarray] | None] | None,
+) -> tuple[np.ndarray, float]:
+    """The answer ``outside`` offers (a search on another core) with its cost when it is cheaper than
+    ``current`` and fits, else ``current`` and ``cost``."""
+    offered = outside() if outside is not None else None
+    if offered is None:
+        return current, cost
+    candidate = np.asarray(offered[1], dtype=np.int64)
+    candidate_cost = problem.cost(candidate)
+    if candidate_cost < cost and fits(problem, candidate):
+        return candidate.copy(), candidate_cost
+    return current, cost
 
 
 def fits(problem: CompactProblem, assignment: np.ndarray) -> bool:
