@@ -17,7 +17,10 @@ stops once stale) -> then, by size:
 - too large for that, few nodes (`solver.large.pruned`): TRW-S bound and beliefs, the program over each node's
   best strategies solved whole, then large neighbourhood search if the gap is still open;
 - too large, many nodes: large neighbourhood search (`solver.large.lns`; the search around the peak was
-  measured worse there: M and S at 60 s, +0.1% and +0.5%, though U -16%);
+  measured worse there: M and S at 60 s, +0.1% and +0.5%, though U -16%) on one core, while the heuristic
+  goes on from its best answer on another (`solver.parallel`) and the search takes its answers when cheaper
+  (N at 60 s: 238e9 -> 208-210e9). The path of the tight programs above (promising strategies, then the peak)
+  measured better on M only (50.1e9 against 52.1e9; N, R, S, T, U 3-74% dearer);
 
 -> the best assignment, mapped back and re-costed by the independent evaluator. The time limit holds for the
 whole: the phases after the reductions share the time left then (never less than `MIN_LEFT_SHARE` of it).

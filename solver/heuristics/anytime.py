@@ -63,6 +63,7 @@ BP_DAMPING = 0.5
 PRICE_FIRST_STEP = 10.0
 PRICE_GROWTH = 2.0
 PRICE_SHRINK = 0.7
+#: New priced targets are drawn in this share of the time limit; the rest searches on from the best of them.
 PRICE_SHARE = 0.5
 #: Late acceptance history length, and moves per call into the kernels.
 HISTORY = 2_000
@@ -85,7 +86,6 @@ def heuristic_solve(
     on_incumbent: Callable[[float, np.ndarray], None] | None = None,
     stop: Callable[[], bool] | None = None,
     searches: int = 1,
-    price_share: float = PRICE_SHARE,
 ) -> np.ndarray | None:
     """Best feasible super-node assignment found (finite cost, memory within limit), or None.
 
@@ -93,9 +93,6 @@ def heuristic_solve(
     this process, the best answer of all kept. Each seed ends in its own local optimum: on llama3-8b plans
     on 3-D meshes (2 s limits) the best of four seeds cost 9-28% less than the first alone, so on one core
     two searches at half speed beat one at full speed.
-
-    ``price_share``: the share of ``time_limit`` in which new priced targets may be drawn; the rest goes to
-    searching on from the best of them.
     """
     deadline = time.monotonic() + time_limit
     if problem.num_nodes == 0:
@@ -120,7 +117,7 @@ def heuristic_solve(
             work,
             seed + k,
             deadline,
-            deadline - (1.0 - price_share) * time_limit,
+            deadline - (1.0 - PRICE_SHARE) * time_limit,
             stop,
         )
         for k in range(max(1, searches))

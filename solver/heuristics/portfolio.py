@@ -24,8 +24,6 @@ IncumbentCallback = Callable[[float, np.ndarray], None]
 #: On one core, this many searches take turns in the process (`heuristic_solve`'s ``searches``): what two
 #: processes would give, without the second process.
 ONE_CORE_SEARCHES = 2
-#: The share of its time search ``k`` draws priced targets in (`heuristic_solve`'s ``price_share``), cycled.
-PRICE_SHARES: tuple[float, ...] = (0.5, 0.5)
 
 
 def background_search(
@@ -33,7 +31,6 @@ def background_search(
     time_limit: float,
     seed: int,
     initial: np.ndarray | None = None,
-    price_share: float = PRICE_SHARES[0],
 ) -> ForkedSearch:
     """`heuristic_solve` in a forked process (a core of its own) until ``time_limit`` or `ForkedSearch.stop`;
     its improving answers arrive through `ForkedSearch.poll`."""
@@ -46,7 +43,6 @@ def background_search(
             initial,
             on_incumbent=channel.found,
             stop=channel.halted,
-            price_share=price_share,
         )
         return None if answer is None else (problem.cost(answer), answer)
 
@@ -71,7 +67,7 @@ def portfolio_solve(
     own_background = []
     if can_fork():
         own_background = [
-            background_search(problem, time_limit, seed + k, initial, PRICE_SHARES[k % len(PRICE_SHARES)])
+            background_search(problem, time_limit, seed + k, initial)
             for k in range(1, threads - len(background))
         ]
     running = [*own_background, *background]
@@ -100,7 +96,6 @@ def portfolio_solve(
         on_incumbent=offer,
         stop=read_then_ask,
         searches=1 if running else ONE_CORE_SEARCHES,
-        price_share=PRICE_SHARES[0],
     )
     if own is not None:
         offer(problem.cost(own), own)
