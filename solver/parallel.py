@@ -17,6 +17,7 @@ import math
 import multiprocessing
 import queue
 import time
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -74,6 +75,8 @@ class ForkedSearch:
         channel = Channel(self._outbox, self._halt)
         self._process = context.Process(target=_run_forked, args=(run, channel), daemon=True)
         self._process.start()
+        # dropped without `stop` (an exception unwound the caller): the search is still told to stop
+        weakref.finalize(self, self._halt.set)
         self._ended = False
         self.cost = math.inf
         self.best: np.ndarray | None = None

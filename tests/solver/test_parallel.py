@@ -4,6 +4,7 @@ outside, `solve` in LNS mode) stays feasible, never worse than its start, and le
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import time
 
@@ -60,6 +61,17 @@ def test_stop_ends_a_search_that_would_run_on() -> None:
     cost, best = search.stop()  # type: ignore[misc]
     assert time.monotonic() - started < 2.0
     assert (cost, best.tolist()) == (2.0, [1, 1])
+    assert not multiprocessing.active_children()
+
+
+def test_a_search_dropped_without_stop_is_told_to_stop() -> None:
+    search = ForkedSearch(_forever)
+    time.sleep(0.3)
+    del search
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not multiprocessing.active_children()
 
 
