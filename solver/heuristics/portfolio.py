@@ -11,7 +11,6 @@ while large neighbourhood search runs on the first, and takes its answers whenev
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -71,13 +70,11 @@ def portfolio_solve(
             for k in range(1, threads - len(background))
         ]
     running = [*own_background, *background]
-    best_cost = [math.inf]
-    best: list[np.ndarray] = []  # the cheapest answer seen, alone
+    best: list[Answer] = []  # the cheapest answer seen, alone
 
     def offer(cost: float, assignment: np.ndarray) -> None:
-        if cost < best_cost[0]:
-            best_cost[0] = cost
-            best[:] = [assignment]
+        if not best or cost < best[0][0]:
+            best[:] = [(cost, assignment)]
             if on_incumbent is not None:
                 on_incumbent(cost, assignment)
 
@@ -104,4 +101,4 @@ def portfolio_solve(
         if answer is not None:
             offer(*answer)
     read_then_ask()
-    return best[0] if best else None
+    return best[0][1] if best else None

@@ -146,10 +146,7 @@ def adopt_region(
         return None
     candidate = current.copy()
     candidate[region] = answer[: len(region)]
-    candidate_cost = problem.cost(candidate)
-    if candidate_cost < cost and fits(problem, candidate):
-        return candidate, candidate_cost
-    return None
+    return _cheaper_and_fitting(problem, candidate, cost)
 
 
 def take_offered(
@@ -163,11 +160,18 @@ def take_offered(
     offered = outside() if outside is not None else None
     if offered is None:
         return current, cost
-    candidate = np.asarray(offered[1], dtype=np.int64)
+    taken = _cheaper_and_fitting(problem, np.array(offered[1], dtype=np.int64), cost)
+    return taken if taken is not None else (current, cost)
+
+
+def _cheaper_and_fitting(
+    problem: CompactProblem, candidate: np.ndarray, cost: float
+) -> tuple[np.ndarray, float] | None:
+    """``candidate`` and its cost when that is below ``cost`` and it fits the memory limit, else None."""
     candidate_cost = problem.cost(candidate)
     if candidate_cost < cost and fits(problem, candidate):
-        return candidate.copy(), candidate_cost
-    return current, cost
+        return candidate, candidate_cost
+    return None
 
 
 def fits(problem: CompactProblem, assignment: np.ndarray) -> bool:
