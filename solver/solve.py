@@ -12,8 +12,8 @@ stops once stale) -> then, by size:
   incumbent; where the memory limit binds somewhere (*tight*: some step some assignment could overflow),
   for `PEAK_WHOLE_SHARE` of the work time, then, unless it proved its answer, large neighbourhood search
   around the peak (`solver.large.peak`); tight and larger than the search's largest region, no whole
-  program: the search over the strategies memory prices make promising (`solver.large.priced`), the
-  memory-priced Lagrangian bound, then the search over all strategies;
+  program: the memory-priced Lagrangian bound, then the program over the strategies its prices and the
+  Lagrangian search make promising (`solver.large.priced`), then the search over all strategies;
 - too large for that, few nodes (`solver.large.pruned`): TRW-S bound and beliefs, the program over each node's
   best strategies solved whole, then large neighbourhood search if the gap is still open;
 - too large, many nodes: large neighbourhood search (`solver.large.lns`; the search around the peak was
@@ -52,7 +52,7 @@ from solver.backends.base import (
     closing_gap,
 )
 from solver.bounds.lagrangian_branch import ROUNDING_NOISE, BranchResult, LagrangianBranch
-from solver.bounds.memory_priced import memory_dual_bound
+from solver.bounds.memory_priced import memory_dual_bound, memory_priced_ascent
 from solver.bounds.min_peak import min_peak_lower_bound, smallest_peak
 from solver.compact import CompactProblem, compact
 from solver.errors import InfeasibleError
@@ -64,7 +64,7 @@ from solver.large.lns import lns_improve
 from solver.large.peak import MAX_COLUMNS as PEAK_MAX_COLUMNS
 from solver.large.peak import peak_lns
 from solver.large.priced import promising_strategies, search_restricted
-from solver.large.pruned import Pruned, pruned_solve, solve_over
+from solver.large.pruned import Pruned, pruned_solve, restrict, solve_over
 from solver.parallel import ForkedSearch, can_fork
 from solver.problem import Problem
 from solver.reductions import Reduced, reduce
@@ -124,11 +124,16 @@ RESTRICTED_SHARE = 0.1
 #: A and G, optimal in 7 and 3 s, to 20 and 11 s) ...
 PEAK_WHOLE_SHARE = 0.5
 #: ... and no whole program runs when it has more columns than the search's largest region (V: 784,000
-#: columns, where HiGHS found nothing in 54 s): the search first runs over the strategies the memory-priced
-#: Lagrangian search finds promising (`solver.large.priced`) for this share of the work time (V: 2.11M in
-#: 5 s, where the search over every strategy stalls at 2.77M), then over all of them.
+#: columns, where HiGHS found nothing in 54 s): the program over the strategies memory prices make promising
+#: (`solver.large.priced`) gets this share of the work time, then the search goes on over all of them. V at
+#: 60 s: 1.95M when the promising strategies were the Lagrangian search's alone (at no price on V) and the
+#: search ran region by region over them; 1.617M (the contest winner's cost) with the subgradient ascent's.
 PEAK_WHOLE_MAX_COLUMNS = PEAK_MAX_COLUMNS
 PRICED_SHARE = 0.5
+#: The program over the promising strategies goes whole to the backend up to this many columns, else region
+#: by region (V: 18,000-40,000 columns, optimal in 15-31 s, where the search by regions over 36,000 stalled
+#: at 2.22M; K: more).
+PRICED_WHOLE_MAX_COLUMNS = PEAK_MAX_COLUMNS
 #: Progress events: (phase, seconds since start, incumbent cost or inf, bound or -inf).
 ProgressCallback = Callable[[str, float, float, float], None]
 
@@ -273,18 +278,31 @@ def solve(
     whole = mode == FULL and not priced_first
     if priced_first and incumbent is not None:
         constant = reduced.constant
+        # The memory-priced bound first (it converges in seconds, V: 1.5 s, short of the share kept for it):
+        # its prices say which strategies the search should look at.
         phase = time.perf_counter()
-        incumbent = _priced_search(core, engine, incumbent, left, work_deadline, seed, tracker, constant)
-        timings["priced_lns"] = time.perf_counter() - phase
-        candidates.append(incumbent)
-        # The memory-priced bound now (it converges in seconds, V: 2.2 s, short of the share kept for it),
-        # then the search goes on up to the bound's deadline.
-        phase = time.perf_counter()
-        priced = memory_dual_bound(core, BOUND_SHARE * left, upper_bound=core.cost(incumbent))
-        known_bound = max(known_bound, priced)
+        ascent = memory_priced_ascent(core, BOUND_SHARE * left, upper_bound=core.cost(incumbent))
+        known_bound = max(known_bound, ascent.bound)
         timings["priced_bound"] = time.perf_counter() - phase
+        if ascent.answer is not None and ascent.cost < core.cost(incumbent):
+            incumbent = ascent.answer
+            candidates.append(incumbent)
         tracker.update("priced", core.cost(incumbent) + constant, known_bound + constant)
         work_deadline = bound_deadline
+        incumbent = _priced_search(
+            core,
+            engine,
+            incumbent,
+            ascent.promising,
+            left,
+            work_deadline,
+            threads,
+            seed,
+            tracker,
+            constant,
+            timings,
+        )
+        candidates.append(incumbent)
         phase = time.perf_counter()
         incumbent = _peak_search(core, engine, incumbent, work_deadline, seed, tracker, constant)
         timings["peak_lns"] = time.perf_counter() - phase
@@ -382,30 +400,57 @@ def _priced_search(
     core: CompactProblem,
     engine: str,
     incumbent: np.ndarray,
+    priced: list[np.ndarray] | None,
     left: float,
     deadline: float,
+    threads: int,
     seed: int,
     tracker: _Tracker,
     constant: float,
+    timings: dict[str, float],
 ) -> np.ndarray:
     """`solver.large.priced`: the root of the Lagrangian search for up to `LAGRANGIAN_SHARE` of the time
-    ``left``, then the search around the peak over the strategies it found promising for `PRICED_SHARE` of
-    the time to ``deadline``; ``incumbent`` where it does not apply."""
-    keep, decoded = promising_strategies(core, incumbent, time.perf_counter() + LAGRANGIAN_SHARE * left)
+    ``left``, then the program over the strategies it and the memory prices (``priced``, per node) found
+    promising for `PRICED_SHARE` of the time to ``deadline``: whole with ``engine`` (timed as
+    ``priced_program``) while it has at most `PRICED_WHOLE_MAX_COLUMNS` columns, else region by region
+    around the peak (``priced_lns``); ``incumbent`` where it does not apply."""
+    phase = time.perf_counter()
+    keep, decoded = promising_strategies(
+        core, incumbent, time.perf_counter() + LAGRANGIAN_SHARE * left, also=priced
+    )
     if keep is None:
         return incumbent
     start = decoded if decoded is not None else incumbent
     tracker.incumbent("lagrangian", core.cost(start) + constant)
     now = time.perf_counter()
-    return search_restricted(
-        core,
-        keep,
-        start,
-        now + PRICED_SHARE * (deadline - now),
-        engine,
-        seed,
-        on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-priced-lns", cost + constant),
-    )
+    until = now + PRICED_SHARE * (deadline - now)
+    if program_size(restrict(core, keep)) > PRICED_WHOLE_MAX_COLUMNS:
+        answer = search_restricted(
+            core,
+            keep,
+            start,
+            until,
+            engine,
+            seed,
+            on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-priced-lns", cost + constant),
+        )
+        timings["priced_lns"] = time.perf_counter() - phase
+        return answer
+
+    def solve_restricted(restricted: CompactProblem, local: np.ndarray | None, until: float):
+        # Every row where the limit can bind, from the start: on V's program over 1,821 promising strategies
+        # optimal in 17 s, where rows added as HiGHS's LPs violate them (`_solve_whole`) took 22 s.
+        program = build_program(restricted, memory_times=binding_memory_times(restricted))
+        result = get_backend(engine).solve(
+            program, time_limit=max(0.0, until - time.perf_counter()), threads=threads, warm_start=local
+        )
+        if result.assignment is not None:
+            tracker.incumbent(f"{engine}-priced", restricted.cost(result.assignment) + constant)
+        return result.assignment
+
+    answer = solve_over(core, keep, start, until, solve_restricted)
+    timings["priced_program"] = time.perf_counter() - phase
+    return start if answer is None or not core.cost(answer) < core.cost(start) else answer
 
 
 def _peak_search(

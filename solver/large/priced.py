@@ -1,18 +1,19 @@
-"""The search around the peak over the strategies memory prices make promising, then over all of them.
+"""The strategies memory prices make promising, and the search over them.
 
 Where memory binds hard, the optimum takes strategies the memory-free optimum never would, and a program of
 all of them (IOPDDL V: 784,000 columns) is too large to search well. The Lagrangian relaxation of the memory
 rows says which ones matter: at prices ``mu`` on the memory rows, each node's strategies ranked by cost plus
-``mu`` times usage (`solver.bounds.lagrangian_branch`: the root of its search, Kelley's cutting planes on
-``mu`` over TRW-S). Its *promising* strategies -- those of every assignment decoded at the prices it tried,
-and each node's best beliefs at its best prices -- plus the incumbent's (so the incumbent stays an answer)
-make a program a few percent of the size (V: 1,585 of 11,280 strategies, 12,719 columns), where the search
-around the peak (`solver.large.peak`) takes regions of a large share of the graph. Its answer is an answer of
-the whole problem; the search then goes on over every strategy from there.
+``mu`` times usage. Promising are the strategies of every assignment decoded at the prices tried and each
+node's best beliefs at the best prices, of two searches over ``mu``: the subgradient ascent of
+`solver.bounds.memory_priced` (passed in as ``also``) and the root of `solver.bounds.lagrangian_branch`
+(Kelley's cutting planes over TRW-S), plus the incumbent's (so the incumbent stays an answer). The program
+over them is a few percent of the size (V: ~1,850 of 11,280 strategies, 18,000-40,000 columns): `solver.solve`
+solves it whole where it is small enough, else `search_restricted` searches it region by region around the
+peak. Its answer is an answer of the whole problem; the search then goes on over every strategy from there.
 
-Measured on V (60 s limit, 2 cores; the heuristic's 3.03M first): the restricted search reaches 2.11M in
-5 s; the search over all strategies from the heuristic's answer stalls at 2.77M, the TRW-S-belief restriction
-of `solver.large.pruned` then the search at 2.30M.
+Measured on V (60 s limit, 2 cores; the heuristic's 3.1M first): with the cutting planes' strategies alone
+(they stay at ``mu = 0`` on V) the program's optimum is 2.11M; with the ascent's too, 1.74-1.76M (optimal in
+15-17 s), and the search over all strategies then reaches 1.617M, the contest winner's cost.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from solver.large.pruned import restrict
 
 
 def promising_strategies(
-    problem: CompactProblem, incumbent: np.ndarray, deadline: float
+    problem: CompactProblem, incumbent: np.ndarray, deadline: float, also: list[np.ndarray] | None = None
 ) -> tuple[list[np.ndarray] | None, np.ndarray | None]:
-    """(per node, the sorted strategies the root of the Lagrangian search marks promising, with the
+    """(per node, the sorted strategies the root of the Lagrangian search marks promising, with ``also``'s
+    (per node, more strategies: those the subgradient ascent of `solver.bounds.memory_priced` marks), the
     ``incumbent``'s and the best decoded answer's; that answer, None if none fits). (None, None) where the
     search does not apply (no edge, no memory limit) or ran out of time before its root's beliefs."""
     try:
@@ -41,6 +43,8 @@ def promising_strategies(
     keep = search.promising_strategies()
     if any(len(kept) == 0 for kept in keep):
         return None, None
+    if also is not None:
+        keep = [np.union1d(kept, more) for kept, more in zip(keep, also, strict=True)]
     answers = [np.asarray(incumbent, dtype=np.int64)]
     if searched.assignment is not None:
         answers.append(searched.assignment)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from solver.bounds.memory_priced import memory_dual_bound
+from solver.bounds.memory_priced import memory_dual_bound, memory_priced_ascent
 from solver.bounds.trws import dual_bound
 from solver.compact import compact
 from solver.evaluate import evaluate
@@ -52,6 +52,30 @@ def test_the_memory_priced_bound_lies_between_the_memory_free_bound_and_the_opti
     assert raised >= 9
 
 
+def test_the_memory_priced_ascent_marks_its_answer_and_an_optimum_of_most_tight_problems() -> None:
+    rng = np.random.default_rng(11)
+    covered = kept = total = 0
+    for _ in range(20):
+        problem = tight_problem(rng, nodes=(6, 8))
+        expected, optimum = brute_force(problem)
+        core = compact(problem)
+        ascent = memory_priced_ascent(core, time_limit=1.0)
+        assert ascent.promising is not None
+        assert ascent.bound <= expected + 1e-6
+        assert all(len(k) > 0 and np.all(np.diff(k) > 0) for k in ascent.promising)
+        if ascent.answer is not None:
+            assert evaluate(problem, core.lift(ascent.answer)).feasible
+            assert core.cost(ascent.answer) == ascent.cost >= expected
+            assert all(s in k for s, k in zip(ascent.answer.tolist(), ascent.promising, strict=True))
+        best = np.zeros(core.num_nodes, dtype=np.int64)
+        best[core.node_of] = optimum
+        covered += all(s in k for s, k in zip(best.tolist(), ascent.promising, strict=True))
+        kept += sum(len(k) for k in ascent.promising)
+        total += int(core.strategy_counts.sum())
+    assert covered >= 14  # measured: 16 of 20
+    assert kept < 0.9 * total  # a restriction, not every strategy
+
+
 def test_solve_on_tight_problems_finds_the_optimum_and_reports_only_feasible_incumbents() -> None:
     rng = np.random.default_rng(5)
     for _ in range(4):
@@ -87,18 +111,22 @@ def test_the_promising_strategies_hold_the_incumbent_and_the_restricted_search_n
         assert evaluation.cost <= core.cost(start)
 
 
+@pytest.mark.parametrize("whole", [True, False], ids=["program-whole", "program-by-regions"])
 def test_solve_searches_the_promising_strategies_first_when_the_whole_program_is_too_large(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, whole: bool
 ) -> None:
     import solver.solve as pipeline
 
     monkeypatch.setattr(pipeline, "PEAK_WHOLE_MAX_COLUMNS", -1)
+    if not whole:
+        monkeypatch.setattr(pipeline, "PRICED_WHOLE_MAX_COLUMNS", -1)
     rng = np.random.default_rng(7)
     for _ in range(3):
         problem = tight_problem(rng)
         expected, _ = brute_force(problem)
         result = pipeline.solve(problem, backend="highs", time_limit=3, threads=1)
-        assert "priced_lns" in result.timings and "peak_lns" in result.timings
+        phase = "priced_program" if whole else "priced_lns"
+        assert phase in result.timings and "peak_lns" in result.timings
         assert result.variables == 0  # the whole program never ran
         assert result.cost == expected
         assert result.bound <= expected
