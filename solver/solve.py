@@ -19,8 +19,11 @@ stops once stale) -> then, by size:
 - too large, many nodes: large neighbourhood search (`solver.large.lns`; the search around the peak was
   measured worse there: M and S at 60 s, +0.1% and +0.5%, though U -16%) on one core, while the heuristic
   goes on from its best answer on another (`solver.parallel`) and the search takes its answers when cheaper
-  (N at 60 s: 238e9 -> 208-210e9). The path of the tight programs above (promising strategies, then the peak)
-  measured better on M only (50.1e9 against 52.1e9; N, R, S, T, U 3-74% dearer);
+  (N at 60 s: 238e9 -> 208-210e9). Where the limit binds, the heuristic first stops once stale and the
+  memory-priced bound comes before the search; where its prices leave a program small enough to solve whole,
+  that program (`solver.large.priced`) comes first (M at 60 s: 49.95e9, where the search alone reached
+  52.0-52.1e9; the ascent's own decoded answer was 49.96e9). The whole path of the tight programs above
+  measured worse on N, R, S, T, U (3-74%);
 
 -> the best assignment, mapped back and re-costed by the independent evaluator. The time limit holds for the
 whole: the phases after the reductions share the time left then (never less than `MIN_LEFT_SHARE` of it).
@@ -52,7 +55,7 @@ from solver.backends.base import (
     closing_gap,
 )
 from solver.bounds.lagrangian_branch import ROUNDING_NOISE, BranchResult, LagrangianBranch
-from solver.bounds.memory_priced import memory_dual_bound, memory_priced_ascent
+from solver.bounds.memory_priced import PricedAscent, memory_dual_bound, memory_priced_ascent
 from solver.bounds.min_peak import min_peak_lower_bound, smallest_peak
 from solver.compact import CompactProblem, compact
 from solver.errors import InfeasibleError
@@ -234,6 +237,9 @@ def solve(
     stagnation = _Stagnation(time.perf_counter(), HEURISTIC_QUIET_S[relaxation_first])
     priced_first = mode == FULL and tight and program_size(core) > PEAK_WHOLE_MAX_COLUMNS
     early = mode == FULL and not priced_first
+    # Too large for the whole program and tight: the heuristic stops once stale (it goes on from its best
+    # answer on another core) and the memory prices decide what comes next.
+    priced_lns = mode == LNS and tight and not _use_pruned(core)
     first_work = _begin_whole(core, engine, work_deadline, threads, timings) if early else None
     phase = time.perf_counter()
 
@@ -258,7 +264,7 @@ def solve(
         threads=1 if mode == FULL else threads,
         seed=seed,
         on_incumbent=on_incumbent,
-        stop=stop_heuristic if mode == FULL else None,
+        stop=stop_heuristic if mode == FULL or priced_lns else None,
     )
     timings["heuristic"] = time.perf_counter() - phase
     candidates = [] if incumbent is None else [incumbent]
@@ -280,14 +286,9 @@ def solve(
         constant = reduced.constant
         # The memory-priced bound first (it converges in seconds, V: 1.5 s, short of the share kept for it):
         # its prices say which strategies the search should look at.
-        phase = time.perf_counter()
-        ascent = memory_priced_ascent(core, BOUND_SHARE * left, upper_bound=core.cost(incumbent))
+        ascent, incumbent = _price_memory(core, incumbent, BOUND_SHARE * left, tracker, constant, timings)
         known_bound = max(known_bound, ascent.bound)
-        timings["priced_bound"] = time.perf_counter() - phase
-        if ascent.answer is not None and ascent.cost < core.cost(incumbent):
-            incumbent = ascent.answer
-            candidates.append(incumbent)
-        tracker.update("priced", core.cost(incumbent) + constant, known_bound + constant)
+        candidates.append(incumbent)
         work_deadline = bound_deadline
         incumbent = _priced_search(
             core,
@@ -350,6 +351,30 @@ def solve(
                 candidates.append(incumbent)
                 cost = core.cost(incumbent) + reduced.constant
                 tracker.update("pruned", cost, known_bound + reduced.constant)
+        elif priced_lns:
+            # The memory-priced bound now rather than after the search (the time is the same), and where
+            # its prices leave a program small enough to solve whole, that program first (M at 60 s: 49.9e9
+            # where the search alone reached 52.0-52.1e9; on N, R, S, T, U the program is too large).
+            constant = reduced.constant
+            ascent, incumbent = _price_memory(core, incumbent, BOUND_SHARE * left, tracker, constant, timings)
+            known_bound = max(known_bound, ascent.bound)
+            candidates.append(incumbent)
+            work_deadline = bound_deadline
+            if ascent.promising is not None and _priced_program_fits(core, ascent.promising, incumbent):
+                incumbent = _priced_search(
+                    core,
+                    engine,
+                    incumbent,
+                    ascent.promising,
+                    left,
+                    work_deadline,
+                    threads - len(background),
+                    seed,
+                    tracker,
+                    constant,
+                    timings,
+                )
+                candidates.append(incumbent)
         best = core.cost(incumbent)
         if best - known_bound > relative_gap * abs(best):
             phase = time.perf_counter()
@@ -394,6 +419,35 @@ def _read_background(
     best = min(answers, key=lambda answer: answer[0])
     tracker.incumbent("heuristic", best[0] + constant)
     return best
+
+
+def _price_memory(
+    core: CompactProblem,
+    incumbent: np.ndarray,
+    seconds: float,
+    tracker: _Tracker,
+    constant: float,
+    timings: dict[str, float],
+) -> tuple[PricedAscent, np.ndarray]:
+    """`memory_priced_ascent` for at most ``seconds``, its steps sized by the ``incumbent``'s cost (timed as
+    ``priced_bound``): its result, and the cheaper of the incumbent and its answer."""
+    phase = time.perf_counter()
+    ascent = memory_priced_ascent(core, seconds, upper_bound=core.cost(incumbent))
+    timings["priced_bound"] = time.perf_counter() - phase
+    if ascent.answer is not None and ascent.cost < core.cost(incumbent):
+        incumbent = ascent.answer
+    tracker.update("priced", core.cost(incumbent) + constant, ascent.bound + constant)
+    return ascent, incumbent
+
+
+def _priced_program_fits(core: CompactProblem, promising: list[np.ndarray], incumbent: np.ndarray) -> bool:
+    """Whether the program over the ``promising`` strategies and the ``incumbent``'s has at most
+    `PRICED_WHOLE_MAX_COLUMNS` columns."""
+    keep = [
+        np.union1d(kept, [int(s)]).astype(np.int64)
+        for kept, s in zip(promising, incumbent.tolist(), strict=True)
+    ]
+    return program_size(restrict(core, keep)) <= PRICED_WHOLE_MAX_COLUMNS
 
 
 def _priced_search(

@@ -130,3 +130,21 @@ def test_solve_searches_the_promising_strategies_first_when_the_whole_program_is
         assert result.variables == 0  # the whole program never ran
         assert result.cost == expected
         assert result.bound <= expected
+
+
+def test_solve_too_large_for_the_whole_program_prices_memory_then_solves_the_promising_program(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import solver.solve as pipeline
+
+    monkeypatch.setattr(pipeline, "FULL_PROGRAM_MAX_VARIABLES", -1)  # large neighbourhood search mode
+    monkeypatch.setattr(pipeline, "PRUNED_MAX_NODES", -1)  # many nodes: not the pruned solve
+    rng = np.random.default_rng(8)
+    for _ in range(3):
+        problem = tight_problem(rng)
+        expected, _ = brute_force(problem)
+        result = pipeline.solve(problem, backend="highs", time_limit=3, threads=1)
+        assert result.backend == "highs (lns)"
+        assert "priced_bound" in result.timings and "priced_program" in result.timings
+        assert result.cost == expected
+        assert result.bound <= expected
