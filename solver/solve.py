@@ -286,24 +286,13 @@ def solve(
         constant = reduced.constant
         # The memory-priced bound first (it converges in seconds, V: 1.5 s, short of the share kept for it):
         # its prices say which strategies the search should look at.
-        ascent, incumbent = _price_memory(core, incumbent, BOUND_SHARE * left, tracker, constant, timings)
-        known_bound = max(known_bound, ascent.bound)
-        candidates.append(incumbent)
-        work_deadline = bound_deadline
-        incumbent = _priced_search(
-            core,
-            engine,
-            incumbent,
-            ascent.promising,
-            left,
-            work_deadline,
-            threads,
-            seed,
-            tracker,
-            constant,
-            timings,
+        priced, answers = _priced_phase(
+            core, engine, incumbent, left, bound_deadline, threads, seed, tracker, constant, timings, False
         )
-        candidates.append(incumbent)
+        known_bound = max(known_bound, priced)
+        candidates.extend(answers)
+        incumbent = answers[-1]
+        work_deadline = bound_deadline
         phase = time.perf_counter()
         incumbent = _peak_search(core, engine, incumbent, work_deadline, seed, tracker, constant)
         timings["peak_lns"] = time.perf_counter() - phase
@@ -353,28 +342,26 @@ def solve(
                 tracker.update("pruned", cost, known_bound + reduced.constant)
         elif priced_lns:
             # The memory-priced bound now rather than after the search (the time is the same), and where
-            # its prices leave a program small enough to solve whole, that program first (M at 60 s: 49.9e9
-            # where the search alone reached 52.0-52.1e9; on N, R, S, T, U the program is too large).
-            constant = reduced.constant
-            ascent, incumbent = _price_memory(core, incumbent, BOUND_SHARE * left, tracker, constant, timings)
-            known_bound = max(known_bound, ascent.bound)
-            candidates.append(incumbent)
+            # its prices leave a program small enough to solve whole, that program first (M at 60 s: 49.95e9
+            # where the search alone reached 52.0-52.1e9; N, R, T, U: too large; S: small enough, too large
+            # once the cutting planes' strategies join, so searched by regions).
+            priced, answers = _priced_phase(
+                core,
+                engine,
+                incumbent,
+                left,
+                bound_deadline,
+                threads - len(background),
+                seed,
+                tracker,
+                reduced.constant,
+                timings,
+                True,
+            )
+            known_bound = max(known_bound, priced)
+            candidates.extend(answers)
+            incumbent = answers[-1]
             work_deadline = bound_deadline
-            if ascent.promising is not None and _priced_program_fits(core, ascent.promising, incumbent):
-                incumbent = _priced_search(
-                    core,
-                    engine,
-                    incumbent,
-                    ascent.promising,
-                    left,
-                    work_deadline,
-                    threads - len(background),
-                    seed,
-                    tracker,
-                    constant,
-                    timings,
-                )
-                candidates.append(incumbent)
         best = core.cost(incumbent)
         if best - known_bound > relative_gap * abs(best):
             phase = time.perf_counter()
@@ -419,6 +406,44 @@ def _read_background(
     best = min(answers, key=lambda answer: answer[0])
     tracker.incumbent("heuristic", best[0] + constant)
     return best
+
+
+def _priced_phase(
+    core: CompactProblem,
+    engine: str,
+    incumbent: np.ndarray,
+    left: float,
+    deadline: float,
+    threads: int,
+    seed: int,
+    tracker: _Tracker,
+    constant: float,
+    timings: dict[str, float],
+    only_whole: bool,
+) -> tuple[float, list[np.ndarray]]:
+    """The memory-priced ascent for `BOUND_SHARE` of the time ``left`` (`_price_memory`), then the program
+    over the strategies it makes promising (`_priced_search`; with ``only_whole``, only where it fits whole):
+    (the ascent's bound, the answers, the best last)."""
+    ascent, incumbent = _price_memory(core, incumbent, BOUND_SHARE * left, tracker, constant, timings)
+    answers = [incumbent]
+    fits = ascent.promising is not None and _priced_program_fits(core, ascent.promising, incumbent)
+    if fits or not only_whole:
+        answers.append(
+            _priced_search(
+                core,
+                engine,
+                incumbent,
+                ascent.promising,
+                left,
+                deadline,
+                threads,
+                seed,
+                tracker,
+                constant,
+                timings,
+            )
+        )
+    return ascent.bound, answers
 
 
 def _price_memory(
