@@ -421,29 +421,57 @@ def _priced_phase(
     timings: dict[str, float],
     only_whole: bool,
 ) -> tuple[float, list[np.ndarray]]:
-    """The memory-priced ascent for `BOUND_SHARE` of the time ``left`` (`_price_memory`), then the program
-    over the strategies it makes promising (`_priced_search`; with ``only_whole``, only where it fits whole):
-    (the ascent's bound, the answers, the best last)."""
+    """`solver.large.priced`: the memory-priced ascent for `BOUND_SHARE` of the time ``left``
+    (`_price_memory`), the root of the Lagrangian search for up to `LAGRANGIAN_SHARE` of it, then the program
+    over the strategies both found promising for `PRICED_SHARE` of the time to ``deadline``: whole with
+    ``engine`` (timed as ``priced_program``) while it has at most `PRICED_WHOLE_MAX_COLUMNS` columns, else
+    region by region around the peak (``priced_lns``); with ``only_whole``, nothing after the ascent unless
+    the ascent's strategies alone make a program that fits whole. (The ascent's bound, the answers, the best
+    last.)"""
     ascent, incumbent = _price_memory(core, incumbent, BOUND_SHARE * left, tracker, constant, timings)
-    answers = [incumbent]
-    fits = ascent.promising is not None and _priced_program_fits(core, ascent.promising, incumbent)
-    if fits or not only_whole:
-        answers.append(
-            _priced_search(
-                core,
-                engine,
-                incumbent,
-                ascent.promising,
-                left,
-                deadline,
-                threads,
-                seed,
-                tracker,
-                constant,
-                timings,
-            )
+    if only_whole and (
+        ascent.promising is None or not _priced_program_fits(core, ascent.promising, incumbent)
+    ):
+        return ascent.bound, [incumbent]
+
+    phase = time.perf_counter()
+    keep, decoded = promising_strategies(
+        core, incumbent, time.perf_counter() + LAGRANGIAN_SHARE * left, also=ascent.promising
+    )
+    if keep is None:
+        return ascent.bound, [incumbent]
+    start = decoded if decoded is not None else incumbent
+    tracker.incumbent("lagrangian", core.cost(start) + constant)
+    now = time.perf_counter()
+    until = now + PRICED_SHARE * (deadline - now)
+    if program_size(restrict(core, keep)) > PRICED_WHOLE_MAX_COLUMNS:
+        answer = search_restricted(
+            core,
+            keep,
+            start,
+            until,
+            engine,
+            seed,
+            on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-priced-lns", cost + constant),
         )
-    return ascent.bound, answers
+        timings["priced_lns"] = time.perf_counter() - phase
+        return ascent.bound, [incumbent, answer]
+
+    def solve_restricted(restricted: CompactProblem, local: np.ndarray | None, until: float):
+        # Every row where the limit can bind, from the start: on V's program over 1,821 promising strategies
+        # optimal in 17 s, where rows added as HiGHS's LPs violate them (`_solve_whole`) took 22 s.
+        program = build_program(restricted, memory_times=binding_memory_times(restricted))
+        result = get_backend(engine).solve(
+            program, time_limit=max(0.0, until - time.perf_counter()), threads=threads, warm_start=local
+        )
+        if result.assignment is not None:
+            tracker.incumbent(f"{engine}-priced", restricted.cost(result.assignment) + constant)
+        return result.assignment
+
+    answer = solve_over(core, keep, start, until, solve_restricted)
+    timings["priced_program"] = time.perf_counter() - phase
+    better = answer is not None and core.cost(answer) < core.cost(start)
+    return ascent.bound, [incumbent, answer if better else start]
 
 
 def _price_memory(
@@ -473,63 +501,6 @@ def _priced_program_fits(core: CompactProblem, promising: list[np.ndarray], incu
         for kept, s in zip(promising, incumbent.tolist(), strict=True)
     ]
     return program_size(restrict(core, keep)) <= PRICED_WHOLE_MAX_COLUMNS
-
-
-def _priced_search(
-    core: CompactProblem,
-    engine: str,
-    incumbent: np.ndarray,
-    priced: list[np.ndarray] | None,
-    left: float,
-    deadline: float,
-    threads: int,
-    seed: int,
-    tracker: _Tracker,
-    constant: float,
-    timings: dict[str, float],
-) -> np.ndarray:
-    """`solver.large.priced`: the root of the Lagrangian search for up to `LAGRANGIAN_SHARE` of the time
-    ``left``, then the program over the strategies it and the memory prices (``priced``, per node) found
-    promising for `PRICED_SHARE` of the time to ``deadline``: whole with ``engine`` (timed as
-    ``priced_program``) while it has at most `PRICED_WHOLE_MAX_COLUMNS` columns, else region by region
-    around the peak (``priced_lns``); ``incumbent`` where it does not apply."""
-    phase = time.perf_counter()
-    keep, decoded = promising_strategies(
-        core, incumbent, time.perf_counter() + LAGRANGIAN_SHARE * left, also=priced
-    )
-    if keep is None:
-        return incumbent
-    start = decoded if decoded is not None else incumbent
-    tracker.incumbent("lagrangian", core.cost(start) + constant)
-    now = time.perf_counter()
-    until = now + PRICED_SHARE * (deadline - now)
-    if program_size(restrict(core, keep)) > PRICED_WHOLE_MAX_COLUMNS:
-        answer = search_restricted(
-            core,
-            keep,
-            start,
-            until,
-            engine,
-            seed,
-            on_incumbent=lambda cost, _a: tracker.incumbent(f"{engine}-priced-lns", cost + constant),
-        )
-        timings["priced_lns"] = time.perf_counter() - phase
-        return answer
-
-    def solve_restricted(restricted: CompactProblem, local: np.ndarray | None, until: float):
-        # Every row where the limit can bind, from the start: on V's program over 1,821 promising strategies
-        # optimal in 17 s, where rows added as HiGHS's LPs violate them (`_solve_whole`) took 22 s.
-        program = build_program(restricted, memory_times=binding_memory_times(restricted))
-        result = get_backend(engine).solve(
-            program, time_limit=max(0.0, until - time.perf_counter()), threads=threads, warm_start=local
-        )
-        if result.assignment is not None:
-            tracker.incumbent(f"{engine}-priced", restricted.cost(result.assignment) + constant)
-        return result.assignment
-
-    answer = solve_over(core, keep, start, until, solve_restricted)
-    timings["priced_program"] = time.perf_counter() - phase
-    return start if answer is None or not core.cost(answer) < core.cost(start) else answer
 
 
 def _peak_search(
