@@ -45,7 +45,7 @@ import numpy as np
 from scipy.optimize import linprog
 
 from solver.bounds.memory_priced import _Lagrangian
-from solver.bounds.trws import _pass, _prepare_mapped, beliefs
+from solver.bounds.trws import _pass, _prepare_mapped
 from solver.compact import CompactProblem
 
 #: TRW-S passes without a gain of `PASS_TOLERANCE` (relative) after which an evaluation ends.
@@ -58,8 +58,6 @@ MAX_EVALUATIONS = 16
 #: A subproblem's ascent has converged when the cutting-plane model's maximum is within this share of the
 #: best certified bound.
 CONVERGED = 1e-6
-#: A strategy whose belief at the root is within this share of the bound of the node's best is promising.
-BELIEF_TOLERANCE = 1e-7
 #: Subproblems whose bound is within this share of the requested gap below the best answer are cut off.
 CUTOFF_SHARE = 0.5
 #: A gap this small (relative) is rounding: TRW-S's certified bounds keep a margin of ~1e-9 of the cost for
@@ -244,30 +242,14 @@ class LagrangianBranch:
         return float(-answer.fun), mu
 
     def _mark_best_beliefs(self, evaluation: _Evaluation) -> None:
-        """Add to `promising` each node's strategies whose belief (cost plus messages in, at the root's best
-        prices) is within `BELIEF_TOLERANCE` of the node's best: where the relaxation is tight, an optimum
-        of the priced problem takes only those."""
-        lag = self.lag
-        lag.forbidden = None
-        iso_cost = lag.set_costs(evaluation.mu)
-        node_beliefs = beliefs(lag.graph, evaluation.msg)
-        tolerance = BELIEF_TOLERANCE * max(1.0, abs(evaluation.bound))
-        for i, belief in enumerate(node_beliefs):
-            start = int(lag.graph.node_off[i])
-            self.promising[start + np.flatnonzero(belief <= belief.min() + tolerance)] = True
-        for j in range(len(lag.isolated)):
-            block = iso_cost[lag.iso_off[j] : lag.iso_off[j + 1]]
-            self.promising[
-                lag.kept_flat + lag.iso_off[j] + np.flatnonzero(block <= block.min() + tolerance)
-            ] = True
+        """Add to `promising` each node's best beliefs at the root's best prices (`_Lagrangian.best_beliefs`):
+        where the relaxation is tight, an optimum of the priced problem takes only those."""
+        self.lag.forbidden = None
+        self.promising |= self.lag.best_beliefs(evaluation.mu, evaluation.msg, evaluation.bound)
 
     def promising_strategies(self) -> list[np.ndarray]:
         """Per node of the problem, the strategies (its own indices) marked `promising`, sorted."""
-        lag = self.lag
-        return [
-            np.sort(lag.original_index[lag.node_start[k] + np.flatnonzero(self.promising[self.flat(k)])])
-            for k in range(self.problem.num_nodes)
-        ]
+        return self.lag.per_node(self.promising)
 
     # ---------------------------------------------------------------------------------------- branching
     def split(self, points: list[_Point]) -> tuple[slice, np.ndarray] | None:

@@ -51,8 +51,8 @@ MIN_FACTOR = 1e-4
 WARMUP_SHARE = 0.2
 #: Without an upper bound, the Polyak target is the best bound plus this share of its magnitude.
 TARGET_GAP = 0.1
-#: A strategy whose belief at the best prices is within this share of the bound of its node's best is
-#: promising (the minima, up to rounding).
+#: A strategy whose belief at a search's best prices is within this share of the bound of its node's best is
+#: promising (the minima, up to rounding; here and in `solver.bounds.lagrangian_branch`).
 BELIEF_TOLERANCE = 1e-7
 
 
@@ -76,11 +76,9 @@ def memory_dual_bound(problem: CompactProblem, time_limit: float, upper_bound: f
     memory-free TRW-S bound of `dual_bound`) is a candidate too. ``inf`` when proven infeasible. Stops at
     `time_limit` seconds (kernel compile time included), or earlier once the steps have shrunk away.
     """
-    started = time.perf_counter()
-    deadline = started + max(0.0, time_limit)
     if problem.usage_limit is None or len(problem.term_node) == 0:
         return dual_bound(problem, time_limit)
-    return memory_priced_ascent(problem, max(0.0, deadline - time.perf_counter()), upper_bound).bound
+    return memory_priced_ascent(problem, time_limit, upper_bound).bound
 
 
 def memory_priced_ascent(
@@ -344,16 +342,13 @@ class _Lagrangian:
                     since_best = 0
 
         bound = self.certify(best_mu, best_forward, pos, best_msg)
-        promising = decoded | self._best_beliefs(best_mu, best_msg, bound)
-        kept = [
-            np.sort(self.original_index[start : start + size][promising[start : start + size]])
-            for start, size in zip(self.node_start.tolist(), self.node_sizes.tolist(), strict=True)
-        ]
-        return PricedAscent(bound, kept, answer, answer_cost)
+        promising = self.per_node(decoded | self.best_beliefs(best_mu, best_msg, bound))
+        return PricedAscent(bound, promising, answer, answer_cost)
 
-    def _best_beliefs(self, mu: np.ndarray, msg: np.ndarray, bound: float) -> np.ndarray:
+    def best_beliefs(self, mu: np.ndarray, msg: np.ndarray, bound: float) -> np.ndarray:
         """Per flat position: whether its belief at prices ``mu`` with messages ``msg`` (a node without
-        edges: its priced cost) is within `BELIEF_TOLERANCE` of its node's best."""
+        edges: its priced cost) is within `BELIEF_TOLERANCE` (a share of ``|bound|``) of its node's best.
+        Where the relaxation is tight, an optimum of the priced problem takes only those."""
         tolerance = BELIEF_TOLERANCE * max(1.0, abs(bound))
         iso_cost = self.set_costs(mu)
         best = np.zeros(self.total_flat, dtype=bool)
@@ -365,6 +360,14 @@ class _Lagrangian:
             block = iso_cost[self.iso_off[j] : self.iso_off[j + 1]]
             best[self.kept_flat + self.iso_off[j] + np.flatnonzero(block <= block.min() + tolerance)] = True
         return best
+
+    def per_node(self, marked: np.ndarray) -> list[np.ndarray]:
+        """Per node of the problem, its strategies (the problem's indices, sorted) whose flat positions are
+        ``marked``."""
+        return [
+            np.sort(self.original_index[start : start + size][marked[start : start + size]])
+            for start, size in zip(self.node_start.tolist(), self.node_sizes.tolist(), strict=True)
+        ]
 
 
 # ------------------------------------------------------------------------------------------------- kernels
