@@ -11,6 +11,10 @@ Rows (issue 14, part 6):
   requests/s served, latency p50 / p99 / max from each request's send to its whole answer, and errors.
 - "jobs per minute (mlp, distinct)": `--jobs` distinct small plans (`mlp`, mesh 4, batches 16, 24, ...)
   submitted at once to `--workers` worker processes; finished jobs per minute of wall time.
+- "cached plans while a large graph is checked" (issue 23): the same open loop while a launcher's graph of
+  `--graph-mib` MiB (a small-width Llama captured with every layer, exported once) is submitted; its check
+  runs in a checker process. Latency p50 / p99 / max of the cached requests sent while it was being checked,
+  and how long the graph's submission took to be answered.
 The server keeps its own SQLite file in a temporary folder unless --database-url is given.
 """
 
@@ -55,7 +59,7 @@ def start_server(database_url: str, workers: int, log: Path) -> tuple[subprocess
         "AUTOSHARD_DATABASE_URL": database_url,
         "AUTOSHARD_WORKERS": str(workers),
         "AUTOSHARD_POLL_S": "0.1",
-        "AUTOSHARD_MAX_QUEUED_JOBS": "1000",
+        "AUTOSHARD_MAX_LIVE_JOBS": "1000",
     }
     command = [str(Path(sys.executable).parent / "autoshard"), "serve", "--log-level", "warning"]
     with log.open("wb") as out:
@@ -80,10 +84,16 @@ def cold_plan_seconds(url: str) -> float:
         return time.perf_counter() - started
 
 
-async def open_loop(url: str, seconds: float, rate: float) -> dict[str, Any]:
-    """``rate`` cached submissions per second for ``seconds``, each sent at its scheduled time."""
+async def open_loop(
+    url: str, seconds: float, rate: float, graph: bytes | None = None, graph_at_s: float = 1.0
+) -> dict[str, Any]:
+    """``rate`` cached submissions per second for ``seconds``, each sent at its scheduled time; with
+    ``graph``, that plan submission is sent ``graph_at_s`` into the load, and the figures are those of the
+    cached requests sent while it was answered."""
     latencies: list[float] = []
+    sent_at: list[float] = []
     errors = 0
+    graph_window: list[float] = []
     limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=MAX_IN_FLIGHT)
     gate = asyncio.Semaphore(MAX_IN_FLIGHT)
     body = json.dumps(MLP).encode()
@@ -100,9 +110,19 @@ async def open_loop(url: str, seconds: float, rate: float) -> dict[str, Any]:
                 except httpx.HTTPError:
                     ok = False
                 latencies.append(time.perf_counter() - sent)
+                sent_at.append(sent)
                 errors += not ok
 
-        tasks = []
+        async def submit_graph() -> None:
+            assert graph is not None
+            await asyncio.sleep(graph_at_s)
+            sent = time.perf_counter()
+            response = await client.post("/v1/plans", content=graph, headers=headers, timeout=600)
+            graph_window.extend((sent, time.perf_counter()))
+            if response.status_code not in (200, 202):
+                raise SystemExit(f"the graph was refused: {response.status_code} {response.text[:500]}")
+
+        tasks = [asyncio.create_task(submit_graph())] if graph is not None else []
         started = time.perf_counter()
         count = int(seconds * rate)
         for i in range(count):
@@ -112,8 +132,17 @@ async def open_loop(url: str, seconds: float, rate: float) -> dict[str, Any]:
             tasks.append(asyncio.create_task(one()))
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - started
+    extra: dict[str, Any] = {}
+    if graph is not None:
+        begin, end = graph_window
+        latencies = [
+            latency for latency, sent in zip(latencies, sent_at, strict=True) if begin <= sent <= end
+        ]
+        extra = {"graph_answer_s": end - begin, "graph_bytes": len(graph)}
+        elapsed = end - begin
     ordered = sorted(latencies)
     return {
+        **extra,
         "requests": len(ordered),
         "seconds": elapsed,
         "requests_per_s": len(ordered) / elapsed,
@@ -134,6 +163,23 @@ def jobs_per_minute(url: str, jobs: int) -> dict[str, Any]:
     return {"jobs": jobs, "seconds": elapsed, "jobs_per_minute": 60 * jobs / elapsed}
 
 
+def graph_body(mib: float, folder: Path) -> bytes:
+    """A plan submission with a launcher's graph of about ``mib`` MiB: a Llama of small width captured with
+    every layer (about 48 KB a layer), exported in this process."""
+    from strategies.graph.export import graph_json
+    from strategies.plan.planner import PlanRequest, export_request_graph
+
+    small = {"dim": 256, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512, "ffn_dim": 768}
+    layers = max(1, round(mib * 2**20 / 48_400))
+    request = PlanRequest(
+        model="llama3-8b", mesh="2", layers=layers, batch=2, seq=16, options=small, captured_layers=None
+    )
+    document = json.loads(graph_json(export_request_graph(request)))
+    body = json.dumps({"graph": document, "mesh": {"shape": [2]}, "solver": {"time_limit_s": 10}}).encode()
+    (folder / "graph-submission.json").write_bytes(body)
+    return body
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="length of the cached-plan load")
@@ -141,20 +187,28 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=8, help="distinct small plans for jobs per minute")
     parser.add_argument("--workers", type=int, default=2, help="the server's worker processes")
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temporary folder")
+    parser.add_argument(
+        "--graph-mib", type=float, default=3.3, help="the large graph's size (0: no such row)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="autoshard-bench-") as folder:
+        graph = graph_body(args.graph_mib, Path(folder)) if args.graph_mib > 0 else None
         url_db = args.database_url or f"sqlite:///{Path(folder) / 'autoshard.db'}"
         process, url = start_server(url_db, args.workers, Path(folder) / "server.log")
         try:
             cold = cold_plan_seconds(url)
             load = asyncio.run(open_loop(url, args.seconds, args.rate))
+            checked = None
+            if graph is not None:
+                checked = asyncio.run(open_loop(url, args.seconds, args.rate, graph=graph))
             throughput = jobs_per_minute(url, args.jobs)
         finally:
             process.terminate()
             process.wait(30)
     if args.json:
-        print(json.dumps({"cold_plan_s": cold, "cached": load, "jobs": throughput}, indent=1))
+        figures = {"cold_plan_s": cold, "cached": load, "while_checking": checked, "jobs": throughput}
+        print(json.dumps(figures, indent=1))
         return
     print(f"| measure | figure |\n|---|---|\n| submit -> plan (mlp, mesh 4, cold) | {cold:.2f} s |")
     print(
@@ -163,6 +217,13 @@ def main() -> None:
         f"p99 {load['p99_ms']:.1f} ms, max {load['max_ms']:.1f} ms, {load['errors']} errors "
         f"of {load['requests']} |"
     )
+    if checked is not None:
+        print(
+            f"| cached plans at {args.rate:g}/s while a {checked['graph_bytes'] / 2**20:.1f} MiB graph is "
+            f"checked | {checked['requests']} requests in its {checked['graph_answer_s']:.1f} s: p50 "
+            f"{checked['p50_ms']:.1f} ms, p99 {checked['p99_ms']:.1f} ms, max {checked['max_ms']:.1f} ms, "
+            f"{checked['errors']} errors |"
+        )
     print(
         f"| jobs per minute (mlp, {throughput['jobs']} distinct, {args.workers} workers) | "
         f"{throughput['jobs_per_minute']:.1f} ({throughput['seconds']:.1f} s) |"

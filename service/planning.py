@@ -1,10 +1,12 @@
-"""What the service plans and solves: requests checked and hashed in the API, run in worker processes.
+"""What the service plans and solves: requests checked and hashed before a job exists, run in worker
+processes.
 
-The API process validates a submission (:func:`validate_plan`, :func:`validate_solve`) and keys it by a
-content hash of everything that changes the answer (:func:`plan_hash`, :func:`solve_hash`); a worker
-process runs it (:func:`run_plan_job`, :func:`run_solve_job`). A launcher's graph document (instead of a
-built-in model) is read in the API process as the planner will read it (:func:`check_graph`), so a bad one is
-refused at once naming its field; the worker plans from it without importing any model code.
+A submission is validated (:func:`validate_plan`, called by :mod:`service.intake` in a checker process) and
+keyed by a content hash of everything that changes the answer (:func:`plan_hash`, :func:`solve_hash`); a
+worker process runs it (:func:`run_plan_job`, :func:`run_solve_job`). A launcher's graph document (instead
+of a built-in model) is read as the planner will read it (:func:`graph_tensors`), so a bad one is refused at
+once naming its field; the worker plans from it without importing any model code. Hardware is a preset name
+or figures (:func:`service_hardware`): nothing a request names is read from the server's disk.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from service.app.schemas import PlanSubmission
 
 HASH_SALT = "autoshard-service-v1"
+MAX_LAYERS = 1024
+"""The deepest model a request may ask for (``layers``, or ``options.n_layers``)."""
 Report = Callable[[dict[str, Any]], None]
 """Receives progress: ``{"phase", "incumbent", "bound", "gap", "elapsed_s"}``."""
 
@@ -33,6 +38,18 @@ class BadRequest(ValueError):
         self.field = field
         self.message = message
         self.status = status
+
+
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+-]+){2,}[\\/]?")
+MAX_MESSAGE = 500
+
+
+def public_message(error: BaseException) -> str:
+    """An unexpected error as a client may read it: its type and first line (a native backtrace follows on
+    later lines), file paths replaced by ``<path>``, at most MAX_MESSAGE characters."""
+    first_line = (str(error).splitlines() or [""])[0]
+    text = f"{type(error).__name__}: {_PATH.sub('<path>', first_line)}"
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
 # -------------------------------------------------------------------------------------------- hashing
@@ -58,33 +75,14 @@ def solve_hash(problem_hash: str, options: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------- validation
 
 
-def check_graph(graph: dict[str, Any], max_bytes: int) -> int:
-    """A launcher's graph document (docs/graph-format.md) read as the planner will read it, within the
-    service's byte bound; refusals name the field under ``graph`` (413 past a bound). Returns the bytes of
-    the parameters it holds (a short capture: those of the captured layers, a lower bound)."""
-    from strategies.graph.graph_format import GraphFormatError, GraphLimits
-    from strategies.graph.imported import load_graph
-
-    size = len(json.dumps(graph, separators=(",", ":")))
-    if size > max_bytes:
-        raise BadRequest("graph", f"{size} bytes of JSON, more than the limit of {max_bytes}", status=413)
-    try:
-        imported = load_graph(graph, GraphLimits(max_bytes=max_bytes))
-    except GraphFormatError as error:
-        raise BadRequest(f"graph.{error.field}", error.message, status=error.status) from error
-    values = (node.meta["val"] for node in imported.graph.parameters.values())
-    return sum(value.numel() * value.element_size() for value in values)
-
-
 def validate_plan(request: dict[str, Any], max_graph_bytes: int, max_time_limit_s: float) -> None:
     """Refuse what can be refused before any work, naming the field: the model, its options and shapes,
-    the mesh, hardware, pinned placements, the time limit, and a memory budget below the parameters'
-    smallest share per device. Builds the model on the meta device (no memory)."""
-    from strategies.cost.hardware import override_hardware
+    the mesh, hardware, pinned placements (their parameters and inputs must exist, shard dims within their
+    tensors), the time limit, and a memory budget below the parameters' smallest share per device. Builds
+    the model on the meta device (no memory)."""
     from strategies.cost.mesh import make_mesh
     from strategies.graph.graph_format import FIXED_BY_GRAPH, check_beside_graph
     from strategies.models import MODELS
-    from strategies.placement import parse_spec
 
     has_model, has_graph = request["model"] is not None, request["graph"] is not None
     if has_model == has_graph:
@@ -99,37 +97,70 @@ def validate_plan(request: dict[str, Any], max_graph_bytes: int, max_time_limit_
     if request["solver"]["time_limit_s"] > max_time_limit_s:
         raise BadRequest("solver.time_limit_s", f"at most {max_time_limit_s:g} s")
     mesh_spec = request["mesh"]
-    hardware = request["hardware"]
+    hardware = service_hardware(request["hardware"])
     try:
-        if isinstance(hardware, dict):
-            hardware = override_hardware(hardware)
         mesh = make_mesh(mesh_spec["shape"], mesh_spec["axis_names"], hardware)
     except ValueError as error:
         raise _named(error, {"mesh": "mesh.shape", "axis_names": "mesh.axis_names"}) from error
     if math.prod(mesh.shape) > 2**20:
         raise BadRequest("mesh.shape", f"{math.prod(mesh.shape)} devices: at most {2**20}")
-    for group, pins in request["pinned"].items():
-        for key, placement in pins.items():
-            if len(placement) != len(mesh.shape):
-                raise BadRequest(f"pinned.{group}.{key}", f"one placement per mesh axis ({len(mesh.shape)})")
-            try:
-                parse_spec(placement)
-            except ValueError as error:
-                raise BadRequest(f"pinned.{group}.{key}", str(error)) from error
     if request["baseline"] == "fsdp_tp" and len(mesh.shape) < 2:
         raise BadRequest("baseline", "fsdp_tp needs a mesh of 2 or more axes")
-    if has_graph:
-        parameter_bytes = check_graph(request["graph"], max_graph_bytes)
-    else:
-        parameter_bytes = _parameter_bytes(request)
-    _check_budget(request["memory_gib"], parameter_bytes / math.prod(mesh.shape), mesh.hardware.memory_bytes)
+    tensors = graph_tensors(request["graph"], max_graph_bytes) if has_graph else model_tensors(request)
+    check_pins(request["pinned"], tensors, len(mesh.shape))
+    share = tensors.parameter_bytes / math.prod(mesh.shape)
+    _check_budget(request["memory_gib"], share, mesh.hardware.memory_bytes)
 
 
-def _parameter_bytes(request: dict[str, Any]) -> int:
-    """The model's parameter bytes (built on the meta device); bad options or shapes name their field."""
-    from strategies.models import build_model
+def service_hardware(hardware: str | dict[str, Any]) -> Any:
+    """The request's hardware: a preset by name or figures over one, never a file (the service reads nothing
+    a request names from its disk)."""
+    from strategies.cost.hardware import HardwareError, override_hardware, preset_hardware
+
+    try:
+        return override_hardware(hardware) if isinstance(hardware, dict) else preset_hardware(hardware)
+    except HardwareError as error:
+        raise _named(error, {"hardware": "hardware"}) from error
+
+
+@dataclass
+class Tensors:
+    """What pins and the budget are checked against: parameter shapes by name, input shapes in order."""
+
+    parameters: dict[str, tuple[int, ...]]
+    inputs: list[tuple[int, ...]]
+    parameter_bytes: int
+
+
+def graph_tensors(graph: dict[str, Any], max_bytes: int) -> Tensors:
+    """The parameters and inputs of a graph document read as the planner will read it."""
+    from strategies.graph.graph_format import GraphFormatError, GraphLimits
+    from strategies.graph.imported import load_graph
+
+    size = len(json.dumps(graph, separators=(",", ":")))
+    if size > max_bytes:
+        raise BadRequest("graph", f"{size} bytes of JSON, more than the limit of {max_bytes}", status=413)
+    try:
+        imported = load_graph(graph, GraphLimits(max_bytes=max_bytes))
+    except GraphFormatError as error:
+        raise BadRequest(f"graph.{error.field}", error.message, status=error.status) from error
+    values = {name: node.meta["val"] for name, node in imported.graph.parameters.items()}
+    return Tensors(
+        parameters={name: tuple(value.shape) for name, value in values.items()},
+        inputs=[tuple(node.meta["val"].shape) for node in imported.graph.inputs],
+        parameter_bytes=sum(value.numel() * value.element_size() for value in values.values()),
+    )
+
+
+def model_tensors(request: dict[str, Any]) -> Tensors:
+    """The built-in model of ``request`` on the meta device (no memory); bad options or shapes name their
+    field (``options.n_heads``, ``batch``)."""
+    from strategies.models import ModelOptionError, build_model
     from strategies.tensor_meta import parse_dtype
 
+    depth = request["options"].get("n_layers")
+    if isinstance(depth, int) and depth > MAX_LAYERS:  # a million layers builds for hours, then fits nothing
+        raise BadRequest("options.n_layers", f"at most {MAX_LAYERS}")
     try:
         spec = build_model(
             request["model"],
@@ -140,9 +171,53 @@ def _parameter_bytes(request: dict[str, Any]) -> int:
             device="meta",
             **request["options"],
         )
+    except ModelOptionError as error:
+        raise BadRequest(f"options.{error.option}", error.message) from error
     except (ValueError, TypeError) as error:
         raise _named(error, {"model": "options"}) from error
-    return sum(p.numel() * p.element_size() for p in spec.module.parameters())
+    except Exception as error:  # a combination the model's own checks missed: never torch's text
+        message = f"the model cannot be built with these options ({type(error).__name__})"
+        raise BadRequest("options", message) from error
+    inputs = spec.example_inputs if isinstance(spec.example_inputs, tuple) else (spec.example_inputs,)
+    parameters = dict(spec.module.named_parameters())
+    return Tensors(
+        parameters={name: tuple(p.shape) for name, p in parameters.items()},
+        inputs=[tuple(x.shape) for x in inputs if hasattr(x, "shape")],
+        parameter_bytes=sum(p.numel() * p.element_size() for p in parameters.values()),
+    )
+
+
+def parameter_bytes(request: dict[str, Any]) -> int:
+    """The bytes of the built-in model's parameters (see :func:`model_tensors`)."""
+    return model_tensors(request).parameter_bytes
+
+
+def check_pins(pinned: dict[str, dict[str, list[str]]], tensors: Tensors, axes: int) -> None:
+    """Every pinned placement names an existing parameter or input, has one entry per mesh axis, parses,
+    and shards only dims its tensor has."""
+    from strategies.placement import parse_spec
+
+    targets = [("inputs", key, _input_shape(tensors, key)) for key in pinned["inputs"]]
+    targets += [("parameters", key, tensors.parameters.get(key)) for key in pinned["parameters"]]
+    for group, key, shape in targets:
+        field = f"pinned.{group}.{key}"
+        if shape is None:
+            count = f"no input {key} (the model takes {len(tensors.inputs)})"
+            raise BadRequest(field, count if group == "inputs" else "no such parameter")
+        placement = pinned[group][key]
+        if len(placement) != axes:
+            raise BadRequest(field, f"one placement per mesh axis ({axes})")
+        try:
+            spec = parse_spec(placement)
+        except ValueError as error:
+            raise BadRequest(field, str(error)) from error
+        if any(code >= len(shape) for code in spec):
+            raise BadRequest(field, f"shards a dim its tensor lacks (shape {list(shape)})")
+
+
+def _input_shape(tensors: Tensors, key: str) -> tuple[int, ...] | None:
+    index = int(key)
+    return tensors.inputs[index] if index < len(tensors.inputs) else None
 
 
 def _check_budget(memory_gib: float | None, smallest_share: float, capacity: int) -> None:
@@ -173,7 +248,6 @@ def _named(error: Exception, fields: dict[str, str]) -> BadRequest:
 def run_plan_job(request: dict[str, Any], report: Report | None = None) -> dict[str, Any]:
     """Plan a validated request (see :func:`validate_plan`): the plan JSON. Raises BadRequest for what only
     the work finds wrong, and InfeasibleError when no plan fits the budget."""
-    from strategies.cost.hardware import override_hardware
     from strategies.graph.graph_format import GraphFormatError
     from strategies.plan.planner import PlanRequest, plan_model
 
@@ -184,7 +258,7 @@ def run_plan_job(request: dict[str, Any], report: Report | None = None) -> dict[
         graph=request.get("graph"),
         mesh="x".join(str(n) for n in request["mesh"]["shape"]),
         axis_names=None if request["mesh"]["axis_names"] is None else ",".join(request["mesh"]["axis_names"]),
-        hardware=override_hardware(hardware) if isinstance(hardware, dict) else hardware,  # type: ignore[arg-type]
+        hardware=service_hardware(hardware),
         memory_gib=request["memory_gib"],
         batch=request["batch"],
         seq=request["seq"],

@@ -5,6 +5,9 @@ Layout: ``{"problem": {"name", "nodes": {"intervals", "costs", "usages"}, "edges
 held exactly in float64 and written back as the same integers (``inf`` is written as 1e18). autoshard adds
 two optional keys under ``problem``: ``groups`` (lists of nodes sharing one strategy index) and ``pins``
 (``{"node": strategy}``).
+
+Files are read leniently (keys this reader does not know are ignored); documents from an untrusted
+caller are read with ``from_dict(document, strict=True)``, which refuses unknown keys by name.
 """
 
 from __future__ import annotations
@@ -23,6 +26,16 @@ from solver.problem import Problem
 #: How a forbidden cost is written back.
 FORBIDDEN_INT = 10**18
 _EXACT_FLOAT_LIMIT = 2**53
+_MAX_INT64 = 2**63 - 1
+_MAX_NAME_CHARS = 256
+"""Longest problem name a strict read accepts."""
+_KNOWN_KEYS = {
+    "": ("problem",),
+    "problem": ("name", "nodes", "edges", "usage_limit", "groups", "pins"),
+    "problem.nodes": ("intervals", "costs", "usages"),
+    "problem.edges": ("nodes", "costs"),
+}
+"""Where a document's objects are (``""`` the top) -> the keys they may hold in a strict read."""
 
 
 def load(path: str | Path) -> Problem:
@@ -42,13 +55,26 @@ def load(path: str | Path) -> Problem:
     return problem
 
 
-def from_dict(document: Any) -> Problem:
-    """Build a `Problem` from the parsed IOPDDL document."""
+def from_dict(document: Any, *, strict: bool = False) -> Problem:
+    """Build a `Problem` from the parsed IOPDDL document; anything malformed raises `ProblemError` naming
+    the field.
+
+    ``strict`` (for documents from untrusted callers) also refuses a key this reader does not know, at
+    the top, under ``problem``, ``problem.nodes`` or ``problem.edges`` (``"problem.<key>: unknown
+    field"``), and a ``name`` that is not a string of at most 256 characters.
+    """
+    if strict:
+        _refuse_unknown_keys(document, "")
     body = _get(document, "problem", dict, "")
+    if strict:
+        _refuse_unknown_keys(body, "problem")
     nodes = _get(body, "nodes", dict, "problem.")
     edges = body.get("edges", {"nodes": [], "costs": []})
     if not isinstance(edges, dict):
         raise ProblemError("problem.edges", "must be an object")
+    if strict:
+        _refuse_unknown_keys(nodes, "problem.nodes")
+        _refuse_unknown_keys(edges, "problem.edges")
     costs = _get(nodes, "costs", list, "problem.nodes.")
     usages = nodes.get("usages")
     intervals = nodes.get("intervals")
@@ -73,21 +99,17 @@ def from_dict(document: Any) -> Problem:
             if not (isinstance(pair, list) and len(pair) == 2 and all(_is_int(x) for x in pair)):
                 raise ProblemError(f"problem.nodes.intervals[{i}]", "must be a pair [start, end)")
     limit = body.get("usage_limit")
-    if limit is not None and not _is_int(limit):
-        raise ProblemError("problem.usage_limit", "must be an integer")
+    if limit is not None and not (_is_int(limit) and limit <= _MAX_INT64):
+        raise ProblemError("problem.usage_limit", f"must be an integer at most {_MAX_INT64} (2**63 - 1)")
     groups = body.get("groups", [])
     if not isinstance(groups, list) or not all(
         isinstance(g, list) and all(_is_int(x) for x in g) for g in groups
     ):
         raise ProblemError("problem.groups", "must be a list of lists of node indices")
-    pins_raw = body.get("pins", {})
-    if not isinstance(pins_raw, dict):
-        raise ProblemError("problem.pins", "must be an object {node: strategy}")
-    try:
-        pins = {int(k): int(v) for k, v in pins_raw.items()}
-    except (TypeError, ValueError) as exc:
-        raise ProblemError("problem.pins", "keys and values must be integers") from exc
+    pins = _pins(body.get("pins", {}))
     name = body.get("name", "")
+    if strict and not (isinstance(name, str) and len(name) <= _MAX_NAME_CHARS):
+        raise ProblemError("problem.name", f"must be a string of at most {_MAX_NAME_CHARS} characters")
     try:
         return Problem.from_lists(
             costs=costs,
@@ -155,6 +177,33 @@ def _get(container: Any, key: str, kind: type, prefix: str) -> Any:
     if not isinstance(value, kind):
         raise ProblemError(f"{prefix}{key}", f"must be a {'list' if kind is list else 'JSON object'}")
     return value
+
+
+def _refuse_unknown_keys(container: Any, where: str) -> None:
+    """Raise `ProblemError` (``"<where>.<key>: unknown field"``) for a key of ``container`` (an object of
+    the document; anything else is left to the type checks) that :data:`_KNOWN_KEYS` does not list."""
+    if not isinstance(container, dict):
+        return
+    for key in container:
+        if key not in _KNOWN_KEYS[where]:
+            raise ProblemError(f"{where}.{key}" if where else str(key), "unknown field")
+
+
+def _pins(raw: Any) -> dict[int, int]:
+    """``{"node": strategy}`` as ints: a key is a node index written in decimal digits (or an int), a value
+    an int (not a bool or a float, so neither 1.5 nor 1e400 is read as some integer), both within int64."""
+    if not isinstance(raw, dict):
+        raise ProblemError("problem.pins", "must be an object {node: strategy}")
+    pins: dict[int, int] = {}
+    for key, value in raw.items():
+        digits = isinstance(key, str) and key.isascii() and key.isdecimal() and len(key) <= 18
+        node = int(key) if digits else key
+        if not (_is_int(node) and abs(node) <= _MAX_INT64):
+            raise ProblemError("problem.pins", "keys must be node indices, at most 18 decimal digits")
+        if not (_is_int(value) and abs(value) <= _MAX_INT64):
+            raise ProblemError("problem.pins", "values must be strategy indices, integers within int64")
+        pins[node] = value
+    return pins
 
 
 def _is_int(value: Any) -> bool:

@@ -1,4 +1,5 @@
-"""Typed dependencies of the routes: settings, a database session, the metrics, and bearer-token rights."""
+"""Typed dependencies of the routes: settings, a database session, the metrics, and the principal a
+request's bearer token acts as (with the scope the route needs)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from service.app.settings import READ, SUBMIT, Settings
+from service.access import EVERYONE, METRICS, READ, SUBMIT, Principal, principal_of
+from service.app.settings import Settings
 from service.jobs.metrics import Metrics
 from service.store.plan_cache import PlanCache
 from service.store.session import Store
@@ -45,30 +47,37 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 PlanCacheDep = Annotated[PlanCache, Depends(get_plan_cache)]
 
 _bearer = HTTPBearer(auto_error=False, description="a token from AUTOSHARD_TOKENS (when auth is on)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def require(right: str) -> Callable[..., None]:
-    """A dependency passing requests whose bearer token carries ``right`` (all, when no tokens are set):
-    401 without a known token, 403 with one that lacks the right."""
+def optional_principal(settings: SettingsDep, credentials: Credentials) -> Principal | None:
+    """The principal of the request's token; None without a known token (everyone when auth is off)."""
+    if not settings.tokens:
+        return EVERYONE
+    entries = settings.tokens.get(credentials.credentials) if credentials is not None else None
+    return None if entries is None else principal_of(credentials.credentials, entries)  # type: ignore[union-attr]
 
-    def check(
-        settings: SettingsDep,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    ) -> None:
-        if not settings.tokens:
-            return
-        rights = settings.tokens.get(credentials.credentials) if credentials is not None else None
-        if rights is None:
+
+def require(scope: str) -> Callable[..., Principal]:
+    """A dependency giving the principal of a request whose token carries ``scope`` (every request when no
+    tokens are set): 401 without a known token, 403 with one that lacks the scope."""
+
+    def check(principal: Annotated[Principal | None, Depends(optional_principal)]) -> Principal:
+        if principal is None:
             raise HTTPException(
                 status.HTTP_401_UNAUTHORIZED,
                 "a valid bearer token is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if right not in rights:
-            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token lacks the {right!r} right")
+        if not principal.may(scope):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"this token lacks the {scope!r} scope")
+        return principal
 
     return check
 
 
+Reader = Annotated[Principal, Depends(require(READ))]
+Submitter = Annotated[Principal, Depends(require(SUBMIT))]
+Monitor = Annotated[Principal, Depends(require(METRICS))]
+MaybePrincipal = Annotated[Principal | None, Depends(optional_principal)]
 CanRead = Depends(require(READ))
-CanSubmit = Depends(require(SUBMIT))

@@ -4,19 +4,20 @@ replica's job runner."""
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from service.app.errors import install_error_handlers
+from service.app.explain import Explainer
 from service.app.middleware import BodyLimit, RequestTimer
+from service.app.openapi import install_body_schemas
 from service.app.routes import hardware, health, jobs, models, plans, searches, solve
 from service.app.settings import Settings, get_settings
+from service.checker import Checker
 from service.jobs.metrics import Metrics
 from service.jobs.runner import JobRunner
 from service.store import jobs as job_store
@@ -37,18 +38,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = Store(settings.database_url)
         app.state.store = store
         metrics.watch_store(lambda: _counts(store))
-        runner = JobRunner(settings, store, metrics)
+        runner = JobRunner(settings, store, metrics, app.state.plan_cache)
         app.state.runner = runner
         runner.start()
+        app.state.checker.start()
         threading.Thread(target=_preload_validation, name="preload", daemon=True).start()
         log.info(
-            "autoshard service: %d worker(s), store %s", settings.workers, store.engine.url.render_as_string()
+            "autoshard service: %d worker(s), %d checker(s), store %s",
+            settings.workers,
+            settings.check_workers,
+            store.engine.url.render_as_string(),
         )
         try:
             yield
         finally:
             runner.shutdown()
-            app.state.close_explain_pool()
+            app.state.checker.close()
+            app.state.explainer.close()
             store.dispose()
 
     app = FastAPI(
@@ -60,10 +66,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.plan_cache = PlanCache(settings.plan_cache_bytes)
-    _explain_pool(app)
+    app.state.checker = Checker(settings)
+    app.state.explainer = Explainer(settings)
     routers = (plans, searches, jobs, solve, models, hardware, health)
     for router in (module.router for module in routers):
         app.include_router(router)
+    install_body_schemas(app)
     install_error_handlers(app)
     if settings.cors_origins:
         app.add_middleware(
@@ -75,29 +83,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _preload_validation() -> None:
-    """Import what validating a submission needs (torch: about a second) before the first one comes."""
+    """Import what reading a submission in the API process needs before the first one comes."""
+    import service.intake
+    import service.search.candidates  # noqa: F401
     import solver.iopddl  # noqa: F401
-    import strategies.cost.mesh
-    import strategies.models  # noqa: F401
 
 
 def _counts(store: Store) -> dict[str, int]:
     with store.session() as session:
         return job_store.counts_by_state(session)
-
-
-def _explain_pool(app: FastAPI) -> None:
-    """One explain process, started on first use (it imports torch)."""
-    pool: list[ProcessPoolExecutor] = []
-
-    def get() -> ProcessPoolExecutor:
-        if not pool:
-            pool.append(ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")))
-        return pool[0]
-
-    def close() -> None:
-        for executor in pool:
-            executor.shutdown(wait=False, cancel_futures=True)
-
-    app.state.explain_pool = get
-    app.state.close_explain_pool = close

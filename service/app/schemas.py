@@ -1,49 +1,144 @@
-"""Request and response bodies of the REST API (pydantic); unknown fields are refused by name."""
+"""Request and response bodies of the REST API (pydantic).
+
+Requests are strict: unknown fields are refused by name, numbers must be finite and every field is bounded
+(lengths, counts, ranges); free-form documents (a launcher's graph) are bounded by
+:func:`service.intake.check_free_form`. Hardware is a preset name or an object of figures, never a path.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    field_serializer,
+)
+from pydantic_core import PydanticCustomError
+
+from strategies.cost.hardware import PRESETS
 
 Backend = Literal["auto", "cbc", "highs", "cpsat", "heuristic"]
 JobState = Literal["queued", "running", "succeeded", "failed", "canceled"]
-Placement = list[str]
+
+
+def _a_preset(value: Any) -> Any:
+    """Refuse any other string with one message whatever it names (a path that exists on the server and
+    one that does not are answered alike: nothing is read)."""
+    if isinstance(value, str) and value not in PRESETS:
+        raise PydanticCustomError(
+            "preset",
+            "not a preset; presets are {presets} (or an object of figures over one): "
+            "the service reads no file",
+            {"presets": ", ".join(sorted(PRESETS))},
+        )
+    return value
+
+
+PresetName = Annotated[Literal[tuple(sorted(PRESETS))], BeforeValidator(_a_preset)]  # type: ignore[valid-type]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+PlacementText = Annotated[str, StringConstraints(min_length=1, max_length=16)]
+Placement = Annotated[list[PlacementText], Field(min_length=1, max_length=4)]
+OptionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+OptionValue = (
+    Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | float | bool | Annotated[str, Field(max_length=256)]
+)
+AxisName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,15}$")]
+MAX_TIME_LIMIT_S = 7 * 86400.0
+"""A bound on any time limit the schema takes (the service's own cap, ``max_time_limit_s``, is lower)."""
+MAX_MEMORY_GIB = 2.0**20
+BANDWIDTH = Field(None, gt=0, le=1e16, description="bytes/s")
+SECONDS = Field(None, gt=0, le=1.0, description="seconds")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class MeshSpec(Strict):
-    shape: list[int] = Field(min_length=1, max_length=4, description="devices per mesh axis, e.g. [2, 4]")
-    axis_names: list[str] | None = Field(None, max_length=4, description="e.g. ['dp', 'tp']")
+    shape: list[Annotated[int, Field(ge=1, le=2**20)]] = Field(
+        min_length=1, max_length=4, description="devices per mesh axis, e.g. [2, 4]"
+    )
+    axis_names: list[AxisName] | None = Field(None, max_length=4, description="e.g. ['dp', 'tp']")
 
 
 class SolverOptions(Strict):
     backend: Backend = "auto"
-    time_limit_s: float = Field(30.0, gt=0, description="the solver's time limit, seconds")
+    time_limit_s: float = Field(
+        30.0, gt=0, le=MAX_TIME_LIMIT_S, description="the solver's time limit, seconds"
+    )
     gap: float = Field(0.01, ge=0, le=1, description="stop once proven within this share of the optimum")
 
 
 class PinnedPlacements(Strict):
-    inputs: dict[int, Placement] = Field(default_factory=dict, description="input index -> placement")
-    parameters: dict[str, Placement] = Field(default_factory=dict, description="parameter name -> placement")
+    inputs: dict[Annotated[int, Field(ge=0, le=255)], Placement] = Field(
+        default_factory=dict, max_length=256, description="input index -> placement"
+    )
+    parameters: dict[Name, Placement] = Field(
+        default_factory=dict, max_length=4096, description="parameter name -> placement"
+    )
+
+
+class LinkFigures(Strict):
+    bandwidth: float | None = BANDWIDTH
+    latency: float | None = SECONDS
+
+
+class HardwareFigures(Strict):
+    """A preset (``base``) with some of its figures replaced (GET /v1/hardware lists every figure)."""
+
+    base: PresetName = "h100"
+    name: str | None = Field(None, min_length=1, max_length=64)
+    peak_flops: (
+        dict[
+            Annotated[str, StringConstraints(min_length=1, max_length=32)],
+            Annotated[float, Field(gt=0, le=1e19)],
+        ]
+        | None
+    ) = Field(None, max_length=32, description="dtype -> dense FLOP/s")
+    memory_bandwidth: float | None = BANDWIDTH
+    memory_bytes: int | None = Field(None, ge=1, le=2**53, description="device memory, bytes")
+    node_size: int | None = Field(None, ge=1, le=2**20, description="devices per node")
+    intra_node: LinkFigures | None = None
+    inter_node: LinkFigures | None = None
+    launch_s: float | None = SECONDS
+    collective_launch_s: float | None = SECONDS
+    host_to_device: float | None = BANDWIDTH
+    default_flops_dtype: str | None = Field(None, min_length=1, max_length=32)
+
+
+Hardware = Annotated[
+    Annotated[PresetName, Tag("preset")] | Annotated[HardwareFigures, Tag("figures")],
+    Discriminator(lambda value: "preset" if isinstance(value, str) else "figures"),
+]
+"""A preset's name or an object of figures; errors name the figure, not both forms."""
+
+
+def hardware_document(hardware: str | HardwareFigures) -> str | dict[str, Any]:
+    """A preset name, or the figures given (unset ones left out): the request's canonical hardware."""
+    return hardware if isinstance(hardware, str) else hardware.model_dump(mode="json", exclude_none=True)
 
 
 class PlanSubmission(Strict):
     """What to plan: a built-in model (with configuration overrides) or a launcher's graph, on a mesh."""
 
     model: str | None = Field(None, max_length=64, description="a built-in model, see GET /v1/models")
-    options: dict[str, int | float | bool | str] = Field(
+    options: dict[OptionName, OptionValue] = Field(
         default_factory=dict, max_length=64, description="the model's configuration overrides"
     )
     graph: dict[str, Any] | None = Field(None, description="a launcher's exported graph (instead of model)")
     mesh: MeshSpec
-    hardware: str | dict[str, Any] = Field(
+    hardware: Hardware = Field(
         "h100", description="a preset (GET /v1/hardware) or figures overriding one ({'base': 'h100', ...})"
     )
-    memory_gib: float | None = Field(None, gt=0, description="per-device memory budget, GiB")
+    memory_gib: float | None = Field(
+        None, gt=0, le=MAX_MEMORY_GIB, description="per-device memory budget, GiB"
+    )
     batch: int | None = Field(None, ge=1, le=2**31, description="global batch")
     seq: int | None = Field(None, ge=1, le=2**31, description="sequence length")
     layers: int | None = Field(None, ge=1, le=1024, description="the model's depth")
@@ -53,6 +148,10 @@ class PlanSubmission(Strict):
     overlap: float = Field(0.0, ge=0, le=1, description="share of gathers / reductions hidden by compute")
     captured_layers: int | None = Field(4, ge=0, le=1024, description="layers captured for deep models")
     baseline: Literal["ddp", "fsdp", "megatron", "fsdp_tp"] | None = None
+
+    @field_serializer("hardware")
+    def _hardware(self, hardware: str | HardwareFigures) -> str | dict[str, Any]:
+        return hardware_document(hardware)
 
 
 class Progress(BaseModel):
@@ -94,12 +193,14 @@ class SearchSubmission(Strict):
     planned with ``solver`` (its time limit is per candidate)."""
 
     model: str = Field(max_length=64, description="a built-in model, see GET /v1/models")
-    options: dict[str, int | float | bool | str] = Field(
+    options: dict[OptionName, OptionValue] = Field(
         default_factory=dict, max_length=64, description="the model's configuration overrides"
     )
     devices: int = Field(ge=1, le=4096, description="devices to lay the model over")
-    hardware: str = Field("h100", max_length=64, description="a preset, see GET /v1/hardware")
-    memory_gib: float | None = Field(None, gt=0, description="per-device memory budget, GiB")
+    hardware: PresetName = Field("h100", description="a preset, see GET /v1/hardware")
+    memory_gib: float | None = Field(
+        None, gt=0, le=MAX_MEMORY_GIB, description="per-device memory budget, GiB"
+    )
     batch_sizes: list[Annotated[int, Field(ge=1, le=2**31)]] = Field(
         [8], min_length=1, max_length=16, description="global batches to try"
     )

@@ -3,13 +3,14 @@
 Each slot (a thread) owns one worker process. It claims the oldest queued job, hands it to its process and,
 while the job runs, records progress, renews the job's lease every ``heartbeat_s`` and checks every
 ``poll_s`` that the job is still its own: a job canceled (``DELETE /v1/jobs/{id}``, from any replica) or
-past its time limit has its process terminated and a fresh one started. A reaper thread re-queues running
-jobs whose lease expired (their replica died). Nothing here runs in the event loop.
+past its time limit has its process terminated and a fresh one started. A job that cannot be handed to its
+worker, or whose worker dies under it, goes back to the queue until it has had ``max_attempts``, then fails
+with the reason. A reaper thread does the same for running jobs whose lease expired (their replica died)
+and applies the retention. Nothing here runs in the event loop.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
@@ -26,7 +27,9 @@ from service.jobs.metrics import Metrics
 from service.jobs.worker import worker_main
 from service.store import jobs as job_store
 from service.store import plans as plan_store
-from service.store.models import FAILED, SEARCH, SUCCEEDED, Job
+from service.store.models import FAILED, QUEUED, SEARCH, SUCCEEDED, Job, search_results_key
+from service.store.plan_cache import PlanCache
+from service.store.retention import apply_retention
 from service.store.session import Store
 
 log = logging.getLogger("autoshard.jobs")
@@ -40,7 +43,9 @@ class WorkerProcess:
     def __init__(self) -> None:
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
-        self.process: BaseProcess = context.Process(target=worker_main, args=(child,), daemon=True)
+        self.process: BaseProcess = context.Process(
+            target=worker_main, args=(child, os.getpid()), daemon=True
+        )
         self.process.start()
         child.close()
         self.ready = False
@@ -112,7 +117,14 @@ class WorkerSlot(threading.Thread):
         settings = self.runner.settings
         assert self.worker is not None
         log.info("job %s (%s %s) claimed by %s", job.id, job.kind, job.problem_hash[:12], self.owner)
-        self.worker.connection.send(("run", job.kind, _work_request(job, settings)))
+        try:  # pickled whole before a byte is written: only an OSError leaves the pipe unusable
+            self.worker.connection.send(("run", job.kind, *_work_request(job, settings)))
+        except Exception as error:  # a broken pipe: retried, then failed
+            log.warning("job %s could not be handed to its worker", job.id, exc_info=True)
+            if isinstance(error, OSError):
+                self._stop_work()
+            self._retry_or_fail(job, f"it could not be handed to a worker ({type(error).__name__})")
+            return
         deadline = time.monotonic() + job.time_limit_s + settings.job_grace_s
         watch = _Watch(next_check=time.monotonic(), next_beat=time.monotonic())
         while True:
@@ -173,15 +185,21 @@ class WorkerSlot(threading.Thread):
             if self.worker.connection.poll(timeout):
                 return self.worker.connection.recv()
         except (EOFError, OSError):
-            return ("failed", {"type": "error", "message": "the worker process died"}, None)
+            return ("died",)
         return None
 
     def _finish(self, job: Job, message: tuple, progress: dict[str, Any] | None) -> None:
         store, metrics = self.runner.store, self.runner.metrics
+        if message[0] == "died":
+            self._stop_work()
+            code = None if self.worker is None else self.worker.process.exitcode
+            self._retry_or_fail(job, f"its worker process died (exit code {code})")
+            return
         if message[0] == "done":
-            _, document, seconds = message
+            _, document, seconds = message  # the result's JSON text, stored as it came
+            key = search_results_key(job.id) if job.kind == SEARCH else job.problem_hash
             with store.session() as session:
-                plan_store.save_plan(session, job.problem_hash, job.kind, document, job.id, seconds)
+                plan_store.save_plan(session, key, job.kind, document, job.id, seconds, job.owner)
                 job_store.finish_job(session, job.id, self.owner, SUCCEEDED, None, progress)
             metrics.solve_seconds.labels(job.kind).observe(seconds)
             metrics.jobs_finished.labels(SUCCEEDED).inc()
@@ -194,20 +212,29 @@ class WorkerSlot(threading.Thread):
             if self.worker is not None and not self.worker.process.is_alive():
                 self.worker.ready = False
 
+    def _retry_or_fail(self, job: Job, reason: str) -> None:
+        settings = self.runner.settings
+        with self.runner.store.session() as session:
+            state = job_store.retry_or_fail(session, job.id, self.owner, reason, settings.max_attempts)
+        log.warning("job %s: %s; %s", job.id, reason, "re-queued" if state == QUEUED else state)
+        if state == FAILED:
+            self.runner.metrics.jobs_finished.labels(FAILED).inc()
+
     def _stop_work(self) -> None:
         assert self.worker is not None
         self.worker.terminate()
         self.worker.ready = False
 
 
-def _work_request(job: Job, settings: Settings) -> dict[str, Any]:
-    """What the worker runs: the stored request; a search's also names its output folder and the plan
-    cache it shares with the service (its database: passed over the pipe, never stored with the job)."""
-    request = json.loads(job.request)
+def _work_request(job: Job, settings: Settings) -> tuple[str, dict[str, Any] | None]:
+    """What the worker runs: the stored request as its JSON text (parsed in the worker: a multi-MiB graph
+    is never parsed or pickled whole in the API process); a search's context also names its output folder,
+    the plan cache it shares with the service (its database: passed over the pipe, never stored with the
+    job) and its owner."""
     if job.kind != SEARCH:
-        return request
+        return job.request, None
     out = Path(settings.search_dir) / job.id
-    return {"search": request, "out": str(out), "cache_url": settings.database_url}
+    return job.request, {"out": str(out), "cache_url": settings.database_url, "owner": job.owner}
 
 
 @dataclass
@@ -225,10 +252,13 @@ def _still_owned(session: Any, job_id: str, owner: str) -> bool:
 class JobRunner:
     """The worker slots and the lease reaper of one replica."""
 
-    def __init__(self, settings: Settings, store: Store, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, metrics: Metrics, cache: PlanCache | None = None
+    ) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
+        self.cache = cache
         self.replica = settings.replica or f"{socket.gethostname()}:{os.getpid()}"
         self.stop = threading.Event()
         self.slots = [WorkerSlot(i, self) for i in range(settings.workers)]
@@ -262,12 +292,25 @@ class JobRunner:
         ]
 
     def _reap(self) -> None:
+        settings = self.settings
+        next_retention = time.monotonic()
         while not self.stop.is_set():
             try:
                 with self.store.session() as session:
-                    requeued = job_store.requeue_expired(session)
-                if requeued:
-                    log.warning("re-queued %d job(s) whose lease expired", requeued)
+                    requeued, failed = job_store.expire_leases(session, settings.max_attempts)
+                if requeued or failed:
+                    log.warning(
+                        "leases expired: %d job(s) re-queued, %d failed (attempts used)", requeued, failed
+                    )
+                if settings.retention_days > 0 and time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + settings.retention_every_s
+                    self.apply_retention()
             except Exception:
                 log.exception("lease reaper")
-            self.stop.wait(min(self.settings.heartbeat_s, self.settings.lease_s / 2))
+            self.stop.wait(min(settings.heartbeat_s, settings.lease_s / 2))
+
+    def apply_retention(self) -> None:
+        """Delete what is older than the retention; the memory cache forgets the deleted results."""
+        purged = apply_retention(self.store, self.settings.retention_days, Path(self.settings.search_dir))
+        if self.cache is not None:
+            self.cache.discard(purged.results)

@@ -1,30 +1,33 @@
 """The worker process: runs one job at a time for its replica, sends progress and the result back.
 
-Messages to the worker: ``("run", kind, request)`` (a search's request: ``{"search": body, "out": folder,
-"cache_url": the service's database}``). From it: ``("ready",)`` once the solver is loaded,
-``("progress", record)``, ``("done", document, seconds)`` or ``("failed", {"type", "message"})``.
-A worker whose parent died exits by itself (a replica killed mid-job leaves no orphan solving on).
+Messages to the worker: ``("run", kind, request, context)``: the request's JSON text, parsed here (a
+multi-MiB graph costs the replica's API process no parsing or pickling), and for a search ``{"out": folder,
+"cache_url": the service's database, "owner": the job's principal}``. From it: ``("ready",)`` once the
+solver is loaded, ``("progress", record)``, ``("done", document as JSON text, seconds)`` or ``("failed",
+{"type", "message"})``.
+A worker whose parent died exits by itself (a replica killed mid-job leaves no orphan solving on). An
+unexpected error's message is reported without server paths or native backtraces.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import signal
-import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-PARENT_CHECK_S = 0.5
 PROGRESS_EVERY_S = 0.25
 PHASE_CHANGE_EVERY_S = 0.02
 
 
-def worker_main(connection: Connection) -> None:
+def worker_main(connection: Connection, parent: int) -> None:
     """The worker's loop (the target of its process). Ctrl-C is its replica's to handle."""
+    from service.processes import exit_with_parent
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent(os.getppid())
+    exit_with_parent(parent)
     from service import planning
 
     _warm_up(planning)
@@ -34,9 +37,9 @@ def worker_main(connection: Connection) -> None:
             message = connection.recv()
         except EOFError:
             return
-        _, kind, request = message
+        _, kind, request, context = message
         progress = _ProgressSender(connection)
-        answer = _run(planning, kind, request, progress)
+        answer = _run(planning, kind, request, context, progress)
         progress.flush()
         connection.send(answer)
 
@@ -52,26 +55,29 @@ def _warm_up(planning: Any) -> None:
     planning.run_plan_job(planning.canonical_plan_request(tiny))
 
 
-def _run(planning: Any, kind: str, request: dict[str, Any], report: Any) -> tuple:
+def _run(planning: Any, kind: str, text: str, context: dict[str, Any] | None, report: Any) -> tuple:
     from solver.errors import InfeasibleError
 
     started = time.perf_counter()
     try:
+        request = json.loads(text)
         if kind == "search":
             from service.search.job import run_search_job
 
-            document = run_search_job(request["search"], Path(request["out"]), request["cache_url"], report)
+            assert context is not None
+            out, cache_url, owner = Path(context["out"]), context["cache_url"], context["owner"]
+            document = run_search_job(request, out, cache_url, report, owner)
         else:
             run = planning.run_plan_job if kind == "plan" else planning.run_solve_job
             document = run(request, report)
+        answer = json.dumps(document)
     except planning.BadRequest as error:
         return ("failed", {"type": "bad_request", "message": str(error)})
     except InfeasibleError as error:
         return ("failed", {"type": "infeasible", "message": str(error)})
     except Exception as error:  # the job fails, the worker lives on
-        first_line = (str(error).splitlines() or [""])[0]
-        return ("failed", {"type": "error", "message": f"{type(error).__name__}: {first_line}"})
-    return ("done", document, time.perf_counter() - started)
+        return ("failed", {"type": "error", "message": planning.public_message(error)})
+    return ("done", answer, time.perf_counter() - started)
 
 
 class _ProgressSender:
@@ -98,13 +104,3 @@ class _ProgressSender:
         if self.held is not None:
             self.connection.send(("progress", self.held))
             self.held = None
-
-
-def _exit_with_parent(parent: int) -> None:
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
-            time.sleep(PARENT_CHECK_S)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

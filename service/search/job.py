@@ -20,7 +20,13 @@ SEARCH_PHASE = "search"
 
 
 def search_request(body: dict[str, Any]) -> SearchRequest:
-    """The search a validated ``POST /v1/searches`` body asks for (one worker: the job's process)."""
+    """The search a validated ``POST /v1/searches`` body asks for (one worker: the job's process); its
+    hardware a preset (the service reads no file a request names)."""
+    from service.planning import BadRequest
+    from strategies.cost.hardware import PRESETS
+
+    if body["hardware"] not in PRESETS:
+        raise BadRequest("hardware", "not a preset")
     solver = body["solver"]
     return SearchRequest(
         model=body["model"],
@@ -44,15 +50,20 @@ def search_request(body: dict[str, Any]) -> SearchRequest:
 
 
 def run_search_job(
-    body: dict[str, Any], out: Path, cache_url: str | None, report: Callable[[dict[str, Any]], None] | None
+    body: dict[str, Any],
+    out: Path,
+    cache_url: str | None,
+    report: Callable[[dict[str, Any]], None] | None,
+    owner: str,
 ) -> dict[str, Any]:
-    """Run the search of ``body`` writing its files under ``out``; the results document."""
+    """Run the search of ``body`` writing its files under ``out``, sharing plans with ``owner``'s; the
+    results document."""
     from service.search.runner import run_search
 
     request = search_request(body)
     listener = JobProgress(report)
     executor = RayExecutor() if _ray_address() else InlineExecutor()
-    results = run_search(request, out, listener, cache_url=cache_url, executor=executor)
+    results = run_search(request, out, listener, cache_url=cache_url, executor=executor, cache_reader=owner)
     write_report(results, out)
     return results
 

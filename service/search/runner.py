@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from service.access import ANONYMOUS
 from service.search.cache import SearchPlanCache
 from service.search.candidates import Candidate, make_candidates
 from service.search.executors import Executor, make_executor
@@ -49,14 +50,16 @@ def run_search(
     cache_url: str | None = None,
     executor: Executor | None = None,
     say: Callable[[str], None] | None = None,
+    cache_reader: str = ANONYMOUS,
 ) -> dict[str, Any]:
-    """Plan every candidate of ``request``; the results document (and, with ``out``, its files)."""
+    """Plan every candidate of ``request``; the results document (and, with ``out``, its files). With
+    ``cache_url``, plans are shared with the service's database as ``cache_reader``'s."""
     started = time.perf_counter()
     listener = listener or QuietListener()
     say = say or (lambda message: None)
     candidates = search_candidates(request)
     budget = memory_budget_bytes(request)
-    cache = SearchPlanCache(cache_url) if cache_url else None
+    cache = SearchPlanCache(cache_url, cache_reader) if cache_url else None
     rows: list[dict[str, Any]] = []
     plans: dict[str, dict[str, Any]] = {}
 

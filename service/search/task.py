@@ -48,8 +48,9 @@ def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]
     except InfeasibleError as error:
         outcome.update(status=INFEASIBLE, min_peak_bytes=error.min_peak, error=str(error))
     except Exception as error:  # reported with the candidate: the search goes on
-        first_line = (str(error).splitlines() or [""])[0]
-        outcome.update(status=FAILED, error=f"{type(error).__name__}: {first_line}")
+        from service.planning import public_message
+
+        outcome.update(status=FAILED, error=public_message(error))
     outcome["seconds"] = time.perf_counter() - started
     return outcome
 

@@ -1,9 +1,14 @@
-"""Job repository: create, find, list, cancel; the queue's claim, leases and re-queue.
+"""Job repository: create (one live job per owner and problem), find, list, cancel; the queue's claim,
+leases, bounded retries and retention.
 
 A claim turns the oldest queued job into a running one owned by a worker, with a lease that the worker's
 replica renews (heartbeat). On PostgreSQL the candidate row is locked with ``SELECT ... FOR UPDATE SKIP
 LOCKED``, so replicas claiming at once take different jobs; on SQLite (one writer at a time) the claim is a
 compare-and-set ``UPDATE ... WHERE state = 'queued'`` that only one claimant can win.
+
+Every claim counts an attempt. A job whose replica died (its lease expired), whose worker process died or
+that could not be handed to a worker goes back to the queue while it has attempts left, and fails with the
+reason once it has had ``max_attempts``: no job is re-queued forever.
 """
 
 from __future__ import annotations
@@ -13,58 +18,103 @@ import time
 import uuid
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.store.models import CANCELED, FAILED, JOB_STATES, QUEUED, RUNNING, SUCCEEDED, Job
+from service.store.models import (
+    CANCELED,
+    FAILED,
+    FINISHED_STATES,
+    JOB_STATES,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    Job,
+)
 from service.store.session import is_postgresql
+
+LIVE_STATES = (QUEUED, RUNNING)
 
 
 def create_job(
-    session: Session, kind: str, problem_hash: str, request: dict[str, Any], time_limit_s: float
-) -> Job:
-    job = Job(
-        id=str(uuid.uuid4()),
-        kind=kind,
-        state=QUEUED,
-        problem_hash=problem_hash,
-        request=json.dumps(request, sort_keys=True),
-        time_limit_s=time_limit_s,
-        created_at=time.time(),
-        attempts=0,
+    session: Session,
+    kind: str,
+    problem_hash: str,
+    request: str,
+    time_limit_s: float,
+    owner: str,
+    candidates: int = 1,
+) -> tuple[Job, bool]:
+    """A new queued job of ``owner`` running ``request`` (JSON text), or the live job of ``owner`` with the
+    same ``problem_hash`` when there is one: ``(job, created)``. Identical submissions at once become one
+    job (the unique index on live jobs decides which insert wins; the others join it)."""
+    for _ in range(3):
+        job = Job(
+            id=str(uuid.uuid4()),
+            kind=kind,
+            state=QUEUED,
+            problem_hash=problem_hash,
+            request=request,
+            time_limit_s=time_limit_s,
+            created_at=time.time(),
+            attempts=0,
+            owner=owner,
+            candidates=candidates,
+        )
+        try:
+            with session.begin_nested():
+                session.add(job)
+            return job, True
+        except IntegrityError:  # another submission of the same problem won the race: join it
+            existing = find_active_job(session, problem_hash, owner)
+            if existing is not None:
+                return existing, False
+    raise RuntimeError(f"could not create or join a job for {problem_hash}")
+
+
+def get_job(session: Session, job_id: str, owner: str | None = None) -> Job | None:
+    """The job ``job_id``; None when there is none or it is not ``owner``'s (None: anyone's)."""
+    job = session.get(Job, job_id)
+    return job if job is not None and (owner is None or job.owner == owner) else None
+
+
+def find_active_job(session: Session, problem_hash: str, owner: str) -> Job | None:
+    """``owner``'s queued or running job of ``problem_hash``, if any: a resubmission joins it."""
+    query = select(Job).where(
+        Job.problem_hash == problem_hash, Job.owner == owner, Job.state.in_(LIVE_STATES)
     )
-    session.add(job)
-    session.flush()
-    return job
+    return session.scalars(query.limit(1)).first()
 
 
-def get_job(session: Session, job_id: str) -> Job | None:
-    return session.get(Job, job_id)
-
-
-def find_active_job(session: Session, problem_hash: str) -> Job | None:
-    """The queued or running job of ``problem_hash``, if any: a resubmission joins it."""
-    query = (
-        select(Job)
-        .where(Job.problem_hash == problem_hash, Job.state.in_((QUEUED, RUNNING)))
-        .order_by(Job.created_at)
-        .limit(1)
-    )
-    return session.scalars(query).first()
-
-
-def list_jobs(session: Session, state: str | None, limit: int, offset: int) -> tuple[list[Job], int]:
-    """A page of jobs, newest first, and the total count (of ``state`` when given)."""
+def list_jobs(
+    session: Session, state: str | None, limit: int, offset: int, owner: str | None = None
+) -> tuple[list[Job], int]:
+    """A page of jobs (``owner``'s; None: everyone's), newest first, and the total count (of ``state`` when
+    given)."""
     query = select(Job)
     count = select(func.count()).select_from(Job)
     if state is not None:
         query, count = query.where(Job.state == state), count.where(Job.state == state)
+    if owner is not None:
+        query, count = query.where(Job.owner == owner), count.where(Job.owner == owner)
     page = session.scalars(query.order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)).all()
     return list(page), int(session.scalar(count) or 0)
 
 
-def count_queued(session: Session) -> int:
-    return int(session.scalar(select(func.count()).select_from(Job).where(Job.state == QUEUED)) or 0)
+def count_live(session: Session) -> int:
+    """Queued and running jobs of every owner: the queue's bound counts both."""
+    return int(session.scalar(select(func.count()).select_from(Job).where(Job.state.in_(LIVE_STATES))) or 0)
+
+
+def live_work(session: Session, owner: str) -> tuple[float, int]:
+    """Solver seconds and candidates that ``owner``'s queued and running jobs ask for."""
+    row = session.execute(
+        select(
+            func.coalesce(func.sum(Job.time_limit_s), 0.0), func.coalesce(func.sum(Job.candidates), 0)
+        ).where(Job.owner == owner, Job.state.in_(LIVE_STATES))
+    ).one()
+    return float(row[0]), int(row[1])
 
 
 def counts_by_state(session: Session) -> dict[str, int]:
@@ -74,13 +124,13 @@ def counts_by_state(session: Session) -> dict[str, int]:
     return counts
 
 
-def cancel_job(session: Session, job_id: str) -> Job | None:
+def cancel_job(session: Session, job_id: str, owner: str | None = None) -> Job | None:
     """Mark a queued or running job canceled (its replica sees it and stops the worker); a finished job
-    is left as it is. None when there is no such job."""
+    is left as it is. None when there is no such job of ``owner`` (None: anyone's)."""
     job = session.get(Job, job_id, with_for_update=True)
-    if job is None:
+    if job is None or (owner is not None and job.owner != owner):
         return None
-    if job.state in (QUEUED, RUNNING):
+    if job.state in LIVE_STATES:
         job.state = CANCELED
         job.finished_at = time.time()
         job.lease_owner = None
@@ -168,23 +218,61 @@ def finish_job(
     return result.rowcount == 1
 
 
-def requeue_expired(session: Session) -> int:
-    """Running jobs whose lease ran out (their replica died) go back to the queue; returns how many."""
-    result = session.execute(
+def retry_or_fail(session: Session, job_id: str, owner: str, reason: str, max_attempts: int) -> str | None:
+    """``owner``'s running job could not be run (its worker died, it could not be handed over): back to the
+    queue while it has attempts left, else failed with ``reason``. The state it is left in; None when it was
+    no longer ``owner``'s."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None or job.state != RUNNING or job.lease_owner != owner:
+        return None
+    if job.attempts < max_attempts:
+        job.state, job.lease_owner, job.lease_expires_at = QUEUED, None, None
+        return QUEUED
+    finish_job(session, job_id, owner, FAILED, _gave_up(job.attempts, reason))
+    return FAILED
+
+
+def expire_leases(session: Session, max_attempts: int) -> tuple[int, int]:
+    """Running jobs whose lease ran out (their replica died): back to the queue while they have attempts
+    left, failed after ``max_attempts``. Returns (re-queued, failed)."""
+    expired = (Job.state == RUNNING) & (Job.lease_expires_at < time.time())
+    failed = 0
+    for job in session.scalars(select(Job).where(expired, Job.attempts >= max_attempts)).all():
+        reason = "its replica stopped renewing its lease (it died or lost the database)"
+        job.state, job.finished_at = FAILED, time.time()
+        job.lease_owner = job.lease_expires_at = None
+        job.error = json.dumps(_gave_up(job.attempts, reason))
+        failed += 1
+    session.flush()
+    requeued = session.execute(
         update(Job)
-        .where(Job.state == RUNNING, Job.lease_expires_at < time.time())
+        .where(expired, Job.attempts < max_attempts)
         .values(state=QUEUED, lease_owner=None, lease_expires_at=None)
         .execution_options(synchronize_session=False)
     )
-    return int(result.rowcount or 0)
+    return int(requeued.rowcount or 0), failed
+
+
+def _gave_up(attempts: int, reason: str) -> dict[str, str]:
+    return {"type": "gave_up", "message": f"not run after {attempts} attempt(s): {reason}"}
 
 
 def release_jobs(session: Session, owner: str) -> int:
-    """``owner``'s running jobs back to the queue (a replica shutting down); returns how many."""
+    """``owner``'s running jobs back to the queue (a replica shutting down): the attempt is not counted
+    against the job. Returns how many."""
     result = session.execute(
         update(Job)
         .where(Job.state == RUNNING, Job.lease_owner == owner)
-        .values(state=QUEUED, lease_owner=None, lease_expires_at=None)
+        .values(state=QUEUED, lease_owner=None, lease_expires_at=None, attempts=Job.attempts - 1)
         .execution_options(synchronize_session=False)
     )
     return int(result.rowcount or 0)
+
+
+def delete_finished(session: Session, before: float) -> list[tuple[str, str]]:
+    """Delete the jobs (and their stored requests) that finished before ``before``; their (id, kind)."""
+    finished = Job.state.in_(FINISHED_STATES) & (func.coalesce(Job.finished_at, Job.created_at) < before)
+    gone = [(job_id, kind) for job_id, kind in session.execute(select(Job.id, Job.kind).where(finished))]
+    if gone:
+        session.execute(delete(Job).where(finished).execution_options(synchronize_session=False))
+    return gone

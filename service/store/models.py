@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Float, Index, Integer, String, Text
+import hashlib
+
+from sqlalchemy import Float, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -14,7 +16,9 @@ QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELED = "queued", "running", "succeeded",
 JOB_STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELED)
 FINISHED_STATES = (SUCCEEDED, FAILED, CANCELED)
 PLAN, SOLVE, SEARCH = "plan", "solve", "search"
-"""Job kinds; a search's results document is stored in ``plans`` under its job's ``problem_hash``."""
+"""Job kinds; a search's results document is stored in ``plans`` under :func:`search_results_key`."""
+LIVE_JOB = text("state IN ('queued', 'running')")
+"""The jobs a resubmission joins: one per owner and problem hash (a unique partial index)."""
 
 
 class Job(Base):
@@ -43,9 +47,24 @@ class Job(Base):
     claimed_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
     """The worker that claimed it last (kept after it finished)."""
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    """How many times a worker claimed it (more than one only after a replica died mid-job)."""
+    """How many times a worker claimed it (more than one only after a replica or worker died mid-job)."""
+    owner: Mapped[str] = mapped_column(String(128), default="anonymous")
+    """The principal that submitted it: only it (and an admin) sees and cancels it."""
+    candidates: Mapped[int] = mapped_column(Integer, default=1)
+    """Plans it makes: one for a plan or solve, a search's candidate count (the per-principal caps)."""
 
-    __table_args__ = (Index("ix_jobs_state_created", "state", "created_at"),)
+    __table_args__ = (
+        Index("ix_jobs_state_created", "state", "created_at"),
+        Index("ix_jobs_owner_created", "owner", "created_at"),
+        Index(
+            "ux_jobs_live_hash",
+            "owner",
+            "problem_hash",
+            unique=True,
+            sqlite_where=LIVE_JOB,
+            postgresql_where=LIVE_JOB,
+        ),
+    )
 
 
 class Plan(Base):
@@ -60,3 +79,20 @@ class Plan(Base):
     job_id: Mapped[str] = mapped_column(String(36))
     solve_seconds: Mapped[float] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class PlanReader(Base):
+    """A principal allowed to read a stored result: the owner of a job that made it (or joined it). Results
+    are shared by content hash only among their readers, so one tenant never learns what another planned."""
+
+    __tablename__ = "plan_readers"
+
+    hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    principal: Mapped[str] = mapped_column(String(128), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+def search_results_key(job_id: str) -> str:
+    """Where a search job's results document is stored in ``plans``: its own key (a search is never answered
+    from an earlier search's results; its files live under its job id)."""
+    return hashlib.sha256(f"autoshard-search-results:{job_id}".encode()).hexdigest()

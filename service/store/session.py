@@ -9,6 +9,9 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_JOURNAL_LIMIT_BYTES = 64 * 2**20
+"""The write-ahead log is cut back to this size after each checkpoint (it otherwise keeps its largest
+size: a few large writes once left a 243 MiB log)."""
 
 
 def make_engine(url: str) -> Engine:
@@ -25,6 +28,7 @@ def _sqlite_pragmas(connection, _record) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute(f"PRAGMA journal_size_limit={SQLITE_JOURNAL_LIMIT_BYTES}")
     cursor.close()
 
 

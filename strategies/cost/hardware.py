@@ -3,13 +3,16 @@
 Figures are per device (per GPU): dense peak FLOP/s per dtype, memory bandwidth and capacity, the
 link inside a node (NVLink) and across nodes (InfiniBand, one NIC per GPU). Link bandwidth is the
 unidirectional bytes/s a device can push, which is what ring collectives are bound by. Every figure
-can be overridden from a JSON or YAML file with the same field names (see :func:`load_hardware`).
+can be overridden from a JSON or YAML file with the same field names (see :func:`load_hardware`), or
+from a mapping a service receives (:func:`override_hardware`, within the bounds below).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,6 +145,44 @@ class HardwareError(ValueError):
     """A hardware description that cannot be used; the message names the field."""
 
 
+MAX_MEMORY_BYTES = 2**53
+"""Largest device memory: byte counts up to it are exact in float64, which the cost model computes in."""
+MAX_NODE_SIZE = 2**20
+"""Most devices per node, as many as a mesh may have in all."""
+MAX_BANDWIDTH = 1e16
+"""Largest bytes/s of any link or memory (10 PB/s, 1000x today's HBM)."""
+MAX_FLOPS = 1e19
+"""Largest FLOP/s of any dtype (10 EFLOP/s per device, 1000x today's fp8)."""
+MAX_SECONDS = 1.0
+"""Longest latency or launch time."""
+MAX_DTYPES = 32
+"""Most dtypes ``peak_flops`` may hold."""
+MAX_DTYPE_CHARS = 32
+"""Longest dtype name (a ``peak_flops`` key, ``default_flops_dtype``)."""
+MAX_NAME_CHARS = 64
+"""Longest hardware name."""
+
+_MAXIMA = {
+    "memory_bandwidth": MAX_BANDWIDTH,
+    "host_to_device": MAX_BANDWIDTH,
+    "launch_s": MAX_SECONDS,
+    "collective_launch_s": MAX_SECONDS,
+}
+"""Field -> its largest value, for the figures that are not whole numbers, links or ``peak_flops``."""
+_WHOLE_MAXIMA = {"memory_bytes": MAX_MEMORY_BYTES, "node_size": MAX_NODE_SIZE}
+"""Whole-number field -> its largest value."""
+_LINK_MAXIMA = {"bandwidth": MAX_BANDWIDTH, "latency": MAX_SECONDS}
+"""Link field -> its largest value."""
+
+
+def preset_hardware(name: str) -> Hardware:
+    """A preset by name only (``h100``, ``h200``, ``a100``, ``b200``, ``cpu``), never a file: for a caller
+    (a service) that must not read a path a request names. An unknown name is not echoed back."""
+    if isinstance(name, str) and name in PRESETS:
+        return PRESETS[name]
+    raise HardwareError(f"hardware: unknown preset; presets are {sorted(PRESETS)}")
+
+
 def get_hardware(name_or_path: str | Hardware) -> Hardware:
     """A preset by name (``h100``, ``h200``, ``a100``, ``b200``, ``cpu``) or a JSON/YAML file (see
     load_hardware)."""
@@ -189,43 +230,120 @@ def load_hardware(path: str | Path) -> Hardware:
     return override_hardware(data)
 
 
-def override_hardware(data: dict[str, Any]) -> Hardware:
-    """A preset (``data["base"]``, default ``h100``) with the other fields of ``data`` replacing its own."""
+def override_hardware(data: Mapping[str, Any]) -> Hardware:
+    """A preset (``data["base"]``, default ``h100``) with the other fields of ``data`` replacing its own.
+
+    Every figure must be a finite number above 0 (not a bool; a numeric string, as YAML writes ``1e9``, is
+    read as its number) and at most its bound: ``memory_bytes`` a whole number up to
+    :data:`MAX_MEMORY_BYTES`, ``node_size`` a whole number up to :data:`MAX_NODE_SIZE`, bandwidths up to
+    :data:`MAX_BANDWIDTH` bytes/s, FLOP/s up to :data:`MAX_FLOPS`, latencies and launch times up to
+    :data:`MAX_SECONDS`. ``peak_flops`` holds at most :data:`MAX_DTYPES` dtypes named by strings of at most
+    :data:`MAX_DTYPE_CHARS` characters; ``name`` is a string of at most :data:`MAX_NAME_CHARS` characters;
+    ``default_flops_dtype`` must be a dtype of the resulting ``peak_flops``. Anything else raises
+    :class:`HardwareError` whose message starts with ``hardware.<field>: ``.
+    """
+    if not isinstance(data, Mapping):
+        raise HardwareError("hardware: expected a mapping of fields")
     data = dict(data)
     base_name = data.pop("base", "h100")
-    if base_name not in PRESETS:
-        raise HardwareError(f"hardware.base: unknown preset {base_name!r}; presets are {sorted(PRESETS)}")
+    if not isinstance(base_name, str) or base_name not in PRESETS:
+        raise HardwareError(f"hardware.base: unknown preset; presets are {sorted(PRESETS)}")
     base = PRESETS[base_name]
     known = {f.name for f in dataclasses.fields(Hardware)}
     changes: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
+            if not isinstance(key, str) or len(key) > MAX_NAME_CHARS:
+                raise HardwareError(f"hardware: unknown field, a long name; fields are {sorted(known)}")
             raise HardwareError(f"hardware.{key}: unknown field; fields are {sorted(known)}")
-        current = getattr(base, key)
-        if isinstance(current, Link):
-            if not isinstance(value, dict) or set(value) - {"bandwidth", "latency"}:
-                raise HardwareError(f"hardware.{key}: expected {{bandwidth, latency}}")
-            link = {"bandwidth": current.bandwidth, "latency": current.latency}
-            link.update({k: _positive(f"{key}.{k}", v) for k, v in value.items()})
-            changes[key] = Link(**link)
-        elif isinstance(current, dict):
-            if not isinstance(value, dict):
-                raise HardwareError(f"hardware.{key}: expected a mapping of dtype to FLOP/s")
-            changes[key] = {**current, **{k: _positive(f"{key}.{k}", v) for k, v in value.items()}}
-        elif key in ("name", "default_flops_dtype"):
-            changes[key] = str(value)
-        elif key in ("node_size", "memory_bytes"):
-            changes[key] = int(_positive(key, value))
-        else:
-            changes[key] = _positive(key, value)
-    return dataclasses.replace(base, **changes)
+        changes[key] = _field(key, value, getattr(base, key))
+    hardware = dataclasses.replace(base, **changes)
+    if hardware.default_flops_dtype not in hardware.peak_flops:
+        raise HardwareError(
+            f"hardware.default_flops_dtype: {hardware.default_flops_dtype!r} is not a dtype of peak_flops "
+            f"{sorted(hardware.peak_flops)}"
+        )
+    return hardware
 
 
-def _positive(name: str, value: Any) -> float:
+def _field(key: str, value: Any, current: Any) -> Any:
+    """The checked value of field ``key`` (whose preset value is ``current``)."""
+    if isinstance(current, Link):
+        if not isinstance(value, Mapping) or set(value) - set(_LINK_MAXIMA):
+            raise HardwareError(f"hardware.{key}: expected {{bandwidth, latency}}")
+        link = {"bandwidth": current.bandwidth, "latency": current.latency}
+        link.update({k: _positive(f"{key}.{k}", v, _LINK_MAXIMA[k]) for k, v in value.items()})
+        return Link(**link)
+    if key == "peak_flops":
+        return _peak_flops(value, current)
+    if key == "name":
+        return _text(key, value, MAX_NAME_CHARS)
+    if key == "default_flops_dtype":
+        return _text(key, value, MAX_DTYPE_CHARS)
+    if key in _WHOLE_MAXIMA:
+        return _whole(key, value, _WHOLE_MAXIMA[key])
+    return _positive(key, value, _MAXIMA[key])
+
+
+def _peak_flops(value: Any, current: dict[str, float]) -> dict[str, float]:
+    """``current`` with the dtypes of ``value`` added or replaced, each FLOP/s checked."""
+    if not isinstance(value, Mapping):
+        raise HardwareError("hardware.peak_flops: expected a mapping of dtype to FLOP/s")
+    if len(value) > MAX_DTYPES:
+        raise HardwareError(f"hardware.peak_flops: at most {MAX_DTYPES} dtypes")
+    if not all(isinstance(k, str) and 1 <= len(k) <= MAX_DTYPE_CHARS for k in value):
+        raise HardwareError(
+            f"hardware.peak_flops: dtype names are strings of 1 to {MAX_DTYPE_CHARS} characters"
+        )
+    merged = {**current, **{k: _positive(f"peak_flops.{k}", v, MAX_FLOPS) for k, v in value.items()}}
+    if len(merged) > MAX_DTYPES:
+        raise HardwareError(f"hardware.peak_flops: at most {MAX_DTYPES} dtypes with the base preset's")
+    return merged
+
+
+def _text(name: str, value: Any, max_chars: int) -> str:
+    """``value``, a string of 1 to ``max_chars`` characters."""
+    if not isinstance(value, str) or not 1 <= len(value) <= max_chars:
+        raise HardwareError(f"hardware.{name}: expected a string of 1 to {max_chars} characters")
+    return value
+
+
+def _whole(name: str, value: Any, maximum: int) -> int:
+    """``value``, a positive whole number (``4`` or ``4.0``) at most ``maximum``, as an int."""
+    number = _positive(name, value, maximum)
+    if isinstance(value, int):  # compared exactly: 2**53 + 1 rounds to 2**53 as a float
+        if value > maximum:
+            raise HardwareError(f"hardware.{name}: must be at most {maximum}, got {_shown(value)}")
+        return value
+    if not number.is_integer():
+        raise HardwareError(f"hardware.{name}: must be a whole number, got {_shown(value)}")
+    return int(number)
+
+
+def _positive(name: str, value: Any, maximum: float) -> float:
+    """``value`` as a float: a number (or numeric string) that is finite, above 0 and at most ``maximum``;
+    a bool is not a number here."""
+    if isinstance(value, bool):
+        raise HardwareError(f"hardware.{name}: expected a number, got {value!r}")
     try:
-        v = float(value)
+        number = float(value)
+    except OverflowError:  # an int beyond any float: finite, but over every bound
+        number = 2 * maximum if value > 0 else -math.inf
     except (TypeError, ValueError):
-        raise HardwareError(f"hardware.{name}: expected a number, got {value!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise HardwareError(f"hardware.{name}: must be positive and finite, got {value!r}")
-    return v
+        raise HardwareError(f"hardware.{name}: expected a number, got {_shown(value)}") from None
+    if not (number > 0 and math.isfinite(number)):
+        raise HardwareError(f"hardware.{name}: must be positive and finite, got {_shown(value)}")
+    if number > maximum:
+        limit = str(maximum) if isinstance(maximum, int) else f"{maximum:g}"
+        raise HardwareError(f"hardware.{name}: must be at most {limit}, got {_shown(value)}")
+    return number
+
+
+def _shown(value: Any) -> str:
+    """``value`` for a message: a number or a short string as written, a huge integer by its size, anything
+    else by its type, so a caller's long text is never echoed back."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**64:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, int | float) or (isinstance(value, str) and len(value) <= 32):
+        return repr(value)
+    return f"a {type(value).__name__}"

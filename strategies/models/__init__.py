@@ -1,7 +1,10 @@
 """Built-in models for planning (configurable, buildable on the meta device) and users' model factories."""
 
 from strategies.models.builder import (
+    MAX_DIM,
+    MAX_ELEMENTS,
     MODELS,
+    ModelOptionError,
     ModelSpec,
     build_model,
     load_factory,
@@ -9,4 +12,14 @@ from strategies.models.builder import (
     model_layers,
 )
 
-__all__ = ["MODELS", "ModelSpec", "build_model", "load_factory", "load_model", "model_layers"]
+__all__ = [
+    "MAX_DIM",
+    "MAX_ELEMENTS",
+    "MODELS",
+    "ModelOptionError",
+    "ModelSpec",
+    "build_model",
+    "load_factory",
+    "load_model",
+    "model_layers",
+]

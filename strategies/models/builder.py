@@ -13,6 +13,11 @@ Built-in models and their options (keyword arguments of :func:`build_model`):
 - ``gpt2-small``, ``llama3-8b``, ``llama3-70b``, ``moe``: language models on token ids ``[batch, seq]``
   with next-token targets ``[batch, seq]`` as a second input; the model returns the cross-entropy loss.
   Options are fields of their config (``GPT2Config``, ``LlamaConfig``, ``MoEConfig``), e.g. ``dim=256``.
+
+Options, ``batch``, ``seq`` and ``layers`` are checked before any tensor is built (see
+:mod:`strategies.models.options`): a bad one raises :class:`ModelOptionError` (a ValueError) naming it,
+and a combination that would make a tensor of more than :data:`MAX_ELEMENTS` elements a ValueError, so
+hostile or careless values never reach torch.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +40,11 @@ from strategies.models.gpt2 import GPT2, GPT2Config
 from strategies.models.llama import PRESETS, Llama
 from strategies.models.mlp import MLP
 from strategies.models.moe import MoEConfig, MoETransformer
+from strategies.models.options import MAX_DIM, ModelOptionError, check_option, shown
+
+MAX_ELEMENTS = 2**59
+"""Most elements any one tensor of a built-in model may have (weight, activation or traced intermediate):
+torch's storage sizes are int64 bytes, so 8-byte elements of twice as many still fit."""
 
 
 @dataclass
@@ -72,14 +82,21 @@ def build_model(
     **options: Any,
 ) -> ModelSpec:
     """A built-in model (:data:`MODELS`) with inputs of ``batch`` x ``seq`` tokens, built on ``device``
-    with ``dtype`` parameters; ``layers`` overrides the depth, ``options`` the configuration."""
+    with ``dtype`` parameters; ``layers`` overrides the depth, ``options`` the configuration.
+
+    Raises :class:`ModelOptionError` for a bad option, ValueError naming ``batch``, ``seq``, ``layers``
+    or ``dtype``, and ValueError (``"model: ..."``) when a tensor would exceed :data:`MAX_ELEMENTS`.
+    """
     if name not in MODELS:
         raise ValueError(f"model: unknown model {name!r}; built-in models are {sorted(MODELS)}")
     for field_name, value in (("batch", batch), ("seq", seq), ("layers", 1 if layers is None else layers)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{field_name}: must be a positive integer, got {value!r}")
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype: must be a floating dtype, got {dtype}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DIM:
+            raise ValueError(
+                f"{field_name}: must be a positive integer at most {MAX_DIM}, got {shown(value)}"
+            )
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        shown_dtype = dtype if isinstance(dtype, torch.dtype) else shown(dtype)
+        raise ValueError(f"dtype: must be a floating torch dtype, got {shown_dtype}")
     with torch.device(device), _default_dtype(dtype):
         return MODELS[name](batch=batch, seq=seq, device=device, layers=layers, **options)
 
@@ -99,43 +116,79 @@ def load_model(model: str, **build: Any) -> ModelSpec:
 # ------------------------------------------------------------------------------------ built-in models
 
 
-def _mlp(*, batch: int, seq: int, device: Any, layers: int | None, **options: int) -> ModelSpec:
+MLP_OPTIONS = {"d": 1024, "h": 4096}
+"""The ``mlp`` model's options (both ints) and their defaults."""
+
+
+def _mlp(*, batch: int, seq: int, device: Any, layers: int | None, **options: Any) -> ModelSpec:
     """``mlp``: two linear layers on ``[batch, d]`` (options ``d``, ``h``) and a regression target."""
     if layers is not None:
         raise ValueError("layers: mlp has exactly two layers; set its widths with d and h")
-    unknown = sorted(set(options) - {"d", "h"})
-    if unknown:
-        raise ValueError(f"model: mlp has no option {unknown[0]!r}; options are ['d', 'h']")
-    d, h = options.get("d", 1024), options.get("h", 4096)
+    _refuse_unknown("mlp", options, MLP_OPTIONS)
+    d, h = (options.get(option, default) for option, default in MLP_OPTIONS.items())
+    for option, value in (("d", d), ("h", h)):
+        check_option(option, value, int)
+    _check_sizes(
+        "mlp",
+        {
+            "a weight (d x h)": d * h,
+            "the hidden activations (batch x h)": batch * h,
+            "the inputs (batch x d)": batch * d,
+        },
+    )
     inputs = (torch.randn(batch, d, device=device), torch.randn(batch, d, device=device))
     return ModelSpec(MLP(d, h), inputs)
 
 
 def _language_model(
-    make: Callable[[Any], nn.Module], config: Any, *, batch: int, seq: int, device: Any, layers: int | None
+    name: str,
+    make: Callable[[Any], nn.Module],
+    config: Any,
+    *,
+    batch: int,
+    seq: int,
+    device: Any,
+    layers: int | None,
 ) -> ModelSpec:
     """A model returning its cross-entropy loss, on random token ids and next-token targets."""
     if layers is not None:
         config = config.replace(n_layers=layers)
     if seq > config.max_seq_len:
         config = config.replace(max_seq_len=seq)
+    _check_sizes(name, config.largest_tensors(batch * seq))
     tokens, targets = (torch.randint(config.vocab_size, (batch, seq), device=device) for _ in range(2))
     return ModelSpec(make(config), (tokens, targets))
 
 
 def _with_options(config: Any, name: str, options: Mapping[str, Any]) -> Any:
-    """``config`` with ``options`` applied; an option that is not a config field is refused by name."""
-    fields = {f.name for f in dataclasses.fields(config)}
-    unknown = sorted(set(options) - fields)
-    if unknown:
-        raise ValueError(f"model: {name} has no option {unknown[0]!r}; options are {sorted(fields)}")
+    """``config`` with ``options`` applied; an option that is not a config field, or a value its field
+    refuses (the config checks itself), raises :class:`ModelOptionError` naming it."""
+    _refuse_unknown(name, options, {f.name for f in dataclasses.fields(config)})
     return config.replace(**options) if options else config
+
+
+def _refuse_unknown(name: str, options: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Raise :class:`ModelOptionError` for the first (sorted) option of ``options`` not in ``known``."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ModelOptionError(unknown[0], f"not an option of {name}; options are {sorted(known)}")
+
+
+def _check_sizes(name: str, elements: Mapping[str, float]) -> None:
+    """Refuse a model whose largest tensor (``elements``: what it is -> element count) would exceed
+    :data:`MAX_ELEMENTS`, before torch would fail on its int64 storage size."""
+    tensor, count = max(elements.items(), key=lambda item: item[1])
+    if count > MAX_ELEMENTS:
+        raise ValueError(
+            f"model: {name} with these options, batch and seq would hold {tensor} of more than "
+            f"{MAX_ELEMENTS} elements, the most a tensor may have"
+        )
 
 
 def _language_model_builder(name: str, make: Callable[[Any], nn.Module], config: Any) -> Builder:
     def build(*, batch: int, seq: int, device: Any, layers: int | None, **options: Any) -> ModelSpec:
         configured = _with_options(config, name, options)
-        return _language_model(make, configured, batch=batch, seq=seq, device=device, layers=layers)
+        return _language_model(name, make, configured, batch=batch, seq=seq, device=device, layers=layers)
 
     build.__doc__ = f"``{name}``: a {make.__name__} language model."
     build.config = config  # type: ignore[attr-defined]

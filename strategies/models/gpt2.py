@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strategies.models.options import ModelOptionError, check_fields
+
 
 @dataclass(frozen=True)
 class GPT2Config:
@@ -41,8 +43,24 @@ class GPT2Config:
     """Whether ``lm_head`` shares its weight with ``wte``."""
 
     def __post_init__(self) -> None:
+        """Refuse a field of the wrong type or range, then heads that do not split the width evenly (a
+        :class:`~strategies.models.options.ModelOptionError` naming the option)."""
+        check_fields(self)
         if self.dim % self.n_heads:
-            raise ValueError(f"GPT2Config: dim ({self.dim}) must divide by n_heads ({self.n_heads})")
+            raise ModelOptionError("n_heads", f"dim ({self.dim}) must divide by n_heads ({self.n_heads})")
+
+    def largest_tensors(self, tokens: int) -> dict[str, float]:
+        """Element counts of the largest tensors of one training step on ``tokens`` (batch x seq) tokens,
+        by what they are: a weight or an activation of each shape that grows with the options."""
+        return {
+            "the token embedding (vocab_size x dim)": self.vocab_size * self.dim,
+            "the position embedding (max_seq_len x dim)": self.max_seq_len * self.dim,
+            "the fused attention projection (dim x 3 dim)": 3 * self.dim * self.dim,
+            "an MLP weight (dim x ffn_dim)": self.dim * self.ffn_dim,
+            "the logits (batch x seq x vocab_size)": tokens * self.vocab_size,
+            "the MLP activations (batch x seq x ffn_dim)": tokens * self.ffn_dim,
+            "the queries, keys and values (batch x seq x 3 dim)": 3 * tokens * self.dim,
+        }
 
     def replace(self, **changes: int | float | bool) -> GPT2Config:
         return dataclasses.replace(self, **changes)

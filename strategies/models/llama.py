@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strategies.models.options import ModelOptionError, check_fields
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -54,11 +56,31 @@ class LlamaConfig:
         return self.dim // self.n_heads
 
     def __post_init__(self) -> None:
-        if self.dim % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"LlamaConfig: dim ({self.dim}) must divide by n_heads ({self.n_heads}) and n_heads by "
-                f"n_kv_heads ({self.n_kv_heads})"
+        """Refuse a field of the wrong type or range, then heads that do not split the width evenly (a
+        :class:`~strategies.models.options.ModelOptionError` naming the option)."""
+        check_fields(self)
+        if self.dim % self.n_heads:
+            raise ModelOptionError("n_heads", f"dim ({self.dim}) must divide by n_heads ({self.n_heads})")
+        if self.head_dim % 2:
+            raise ModelOptionError(
+                "n_heads", f"the head dim dim / n_heads ({self.head_dim}) must be even: RoPE rotates pairs"
             )
+        if self.n_heads % self.n_kv_heads:
+            raise ModelOptionError(
+                "n_kv_heads", f"n_heads ({self.n_heads}) must divide by n_kv_heads ({self.n_kv_heads})"
+            )
+
+    def largest_tensors(self, tokens: int) -> dict[str, float]:
+        """Element counts of the largest tensors of one training step on ``tokens`` (batch x seq) tokens,
+        by what they are: a weight or an activation of each shape that grows with the options."""
+        return {
+            "the embedding (vocab_size x dim)": self.vocab_size * self.dim,
+            "a feed-forward weight (dim x ffn_dim)": self.dim * self.ffn_dim,
+            "the RoPE tables (2 x max_seq_len x head_dim)": 2 * self.max_seq_len * self.head_dim,
+            "the logits (batch x seq x vocab_size)": tokens * self.vocab_size,
+            "the feed-forward activations (batch x seq x ffn_dim)": tokens * self.ffn_dim,
+            "the residual stream (batch x seq x dim)": tokens * self.dim,
+        }
 
     def replace(self, **changes: int | float) -> LlamaConfig:
         return dataclasses.replace(self, **changes)

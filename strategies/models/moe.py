@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from strategies.models.llama import Llama, LlamaConfig, TransformerBlock
+from strategies.models.options import ModelOptionError
 
 
 @dataclass(frozen=True)
@@ -56,15 +57,33 @@ class MoEConfig(LlamaConfig):
     """Slots per expert as a multiple of the even share ``tokens * top_k / n_experts``."""
 
     def __post_init__(self) -> None:
+        """The Llama checks (every field, including ``capacity_factor > 0``, by its type), then
+        ``top_k <= n_experts``."""
         super().__post_init__()
         if not 1 <= self.top_k <= self.n_experts:
-            raise ValueError(f"MoEConfig: top_k ({self.top_k}) must be in 1..n_experts ({self.n_experts})")
-        if self.capacity_factor <= 0:
-            raise ValueError(f"MoEConfig: capacity_factor ({self.capacity_factor}) must be positive")
+            raise ModelOptionError(
+                "top_k", f"top_k ({self.top_k}) must be in 1..n_experts ({self.n_experts})"
+            )
 
     def capacity(self, tokens: int) -> int:
         """Slots per expert for a batch of ``tokens`` tokens."""
         return math.ceil(self.capacity_factor * tokens * self.top_k / self.n_experts)
+
+    def largest_tensors(self, tokens: int) -> dict[str, float]:
+        """The Llama model's largest tensors and the experts' (see :meth:`LlamaConfig.largest_tensors`);
+        a capacity too large for a float is ``inf`` slots."""
+        share = self.capacity_factor * tokens * self.top_k / self.n_experts
+        slots = self.n_experts * math.ceil(share) if math.isfinite(share) else math.inf
+        return {
+            **super().largest_tensors(tokens),
+            "an expert weight stack (n_experts x dim x ffn_dim)": self.n_experts * self.dim * self.ffn_dim,
+            "the routing one-hot (top_k x batch x seq x n_experts)": self.top_k * tokens * self.n_experts,
+            "the traced running count of the one-hot ((top_k x batch x seq)^2 x n_experts: torch's meta "
+            "cumsum is quadratic)": (self.top_k * tokens) ** 2 * self.n_experts,
+            "the dispatch buffer (n_experts x capacity x dim)": slots * self.dim,
+            "the experts' activations (n_experts x capacity x ffn_dim)": slots * self.ffn_dim,
+            "the combined outputs (top_k x batch x seq x dim)": self.top_k * tokens * self.dim,
+        }
 
 
 def dispatch_slots(experts: torch.Tensor, n_experts: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -148,22 +148,37 @@ def explain_plan_file(plan_path: str | Path, target: str, progress: Any = None) 
 
 
 def explain_plan(plan: dict[str, Any], target: str, progress: Any = None) -> dict[str, Any]:
-    """Explain ``target`` in a plan: rebuild its problem from ``plan["request"]`` (hardware figures sent as
-    a mapping expanded first), map the plan's placements back onto strategy indices (see the module
-    docstring) and :func:`explain`. ``progress`` hears one line before the rebuild (the re-plan's own phases
-    are not the user's business). Raises :class:`UnknownTarget` before any work."""
-    from strategies.cost.hardware import override_hardware
-    from strategies.plan.plan_json import predict
-
+    """Explain ``target`` in a plan: rebuild its problem from ``plan["request"]`` (:func:`rebuild_plan`),
+    map the plan's placements back onto strategy indices (see the module docstring) and :func:`explain`.
+    ``progress`` hears one line before the rebuild (the re-plan's own phases are not the user's business).
+    Raises :class:`UnknownTarget` before any work."""
     check_target_in_plan(plan, target)
     if progress is not None:
         model = plan.get("request", {}).get("model", "the plan")
         progress(f"rebuilding the problem of {model} from the plan's request")
+    return explain_rebuilt(plan, rebuild_plan(plan), target)
+
+
+def rebuild_plan(plan: dict[str, Any]) -> tuple[BuiltProblem, np.ndarray | None]:
+    """The plan's problem and a fallback assignment (:func:`rebuild`), hardware figures sent as a mapping
+    expanded first: what explaining any target of the plan needs, so a caller may keep it."""
+    from strategies.cost.hardware import override_hardware
+
     rebuilt_from = plan
     if isinstance(plan.get("request", {}).get("hardware"), dict):
         rebuilt_from = copy.deepcopy(plan)
         rebuilt_from["request"]["hardware"] = override_hardware(plan["request"]["hardware"])
-    built, fallback = rebuild(rebuilt_from)
+    return rebuild(rebuilt_from)
+
+
+def explain_rebuilt(
+    plan: dict[str, Any], rebuilt: tuple[BuiltProblem, np.ndarray | None], target: str
+) -> dict[str, Any]:
+    """:func:`explain_plan` on the problem :func:`rebuild_plan` gave for ``plan``."""
+    from strategies.plan.plan_json import predict
+
+    check_target_in_plan(plan, target)
+    built, fallback = rebuilt
     chosen, unmapped = solution_from_plan(built, plan, fallback)
     report = explain(built, chosen, target)
     predicted = predict(built, chosen)["step_time_s"]

@@ -39,6 +39,10 @@ class ServerProcess:
         self.options = options
         """``autoshard serve`` options (they override the environment)."""
         self.process: subprocess.Popen | None = None
+        tokens = settings.get("tokens") or {}
+        monitor = [token for token, scopes in tokens.items() if {"metrics", "admin"} & set(scopes)]  # type: ignore[union-attr]
+        self.monitor_headers = {"Authorization": f"Bearer {monitor[0]}"} if monitor else {}
+        """Headers of a token that may read /readyz's details (none needed without tokens)."""
 
     def start(self) -> ServerProcess:
         with self.log.open("ab") as log:
@@ -65,7 +69,9 @@ class ServerProcess:
 
     def worker_pids(self) -> set[int]:
         """The solver worker processes, as /readyz reports them."""
-        states = httpx.get(f"{self.url}/readyz", timeout=10).json()["worker_processes"]
+        states = httpx.get(f"{self.url}/readyz", headers=self.monitor_headers, timeout=10).json()[
+            "worker_processes"
+        ]
         return {state["pid"] for state in states if state["pid"] is not None}
 
     def kill(self) -> None:
@@ -87,6 +93,20 @@ class ServerProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def session_processes(session: int) -> set[int]:
+    """Live processes of a session (the server's: it is started as a session leader, and its children,
+    workers, checkers, explain processes and multiprocessing's resource tracker, stay in its session)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == session:
+            found.add(int(stat.parent.name))
+    return found
 
 
 def pid_alive(pid: int) -> bool:

@@ -23,8 +23,8 @@ from tests.service.postgres import PostgresServer, free_port
 from tests.service.server import ServerProcess, pid_alive
 from tests.strategies.graph.graph_documents import exported_text
 
-WRITER, READER = "writer-token", "reader-token"
-TOKENS = {WRITER: ["read", "submit"], READER: ["read"]}
+WRITER, READER, MONITOR = "writer-token", "reader-token", "monitor-token"
+TOKENS = {WRITER: ["read", "submit"], READER: ["read"], MONITOR: ["metrics"]}
 FAST = {"poll_s": 0.2, "heartbeat_s": 0.5, "lease_s": 3}
 MLP = {"model": "mlp", "mesh": {"shape": [4]}, "solver": {"time_limit_s": 5}}
 
@@ -123,7 +123,7 @@ def test_tokens_are_required_and_rights_checked(server: ServerProcess) -> None:
             422,
             "mesh.axis_names",
         ),
-        (json.dumps({**MLP, "mesh": {"shape": [-2]}}).encode(), 422, "mesh.shape"),
+        (json.dumps({**MLP, "mesh": {"shape": [-2]}}).encode(), 422, "mesh.shape[0]"),
         (json.dumps({**MLP, "memory_gib": 0.0001}).encode(), 422, "memory_gib"),
         (json.dumps({**MLP, "model": None, "graph": "not an object"}).encode(), 422, "graph"),
         (

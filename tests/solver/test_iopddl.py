@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,97 @@ def test_nan_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(ProblemError) as error:
         iopddl.load(path)
     assert error.value.field == "problem.nodes.costs[0]"
+
+
+# ------------------------------------------------------------------------------------------------- pins
+
+
+@pytest.mark.parametrize(
+    ("pins", "message"),
+    [
+        ({"0": math.inf}, "values must be strategy indices, integers within int64"),
+        ({"0": 1.5}, "values must be strategy indices, integers within int64"),
+        ({"0": True}, "values must be strategy indices, integers within int64"),
+        ({"0": "1"}, "values must be strategy indices, integers within int64"),
+        ({"0": 2**63}, "values must be strategy indices, integers within int64"),
+        ({"1.5": 0}, "keys must be node indices, at most 18 decimal digits"),
+        ({"-1": 0}, "keys must be node indices, at most 18 decimal digits"),
+        ({"1e400": 0}, "keys must be node indices, at most 18 decimal digits"),
+        ({"٣": 0}, "keys must be node indices, at most 18 decimal digits"),  # an Arabic-Indic three
+        ({"9" * 19: 0}, "keys must be node indices, at most 18 decimal digits"),
+    ],
+)
+@pytest.mark.parametrize("strict", [False, True])
+def test_pins_are_decimal_node_keys_to_integer_strategies_in_both_modes(
+    pins: dict, message: str, strict: bool
+) -> None:
+    document = _example_document()
+    document["problem"]["pins"] = pins
+    with pytest.raises(ProblemError) as error:
+        iopddl.from_dict(document, strict=strict)
+    assert (error.value.field, error.value.message) == ("problem.pins", message)
+
+
+def test_pins_from_json_1e400_are_a_problem_error_not_an_overflow() -> None:
+    document = json.loads('{"problem": {"nodes": {"costs": [[1, 2]]}, "pins": {"0": 1e400}}}')
+    with pytest.raises(ProblemError) as error:
+        iopddl.from_dict(document)
+    assert error.value.field == "problem.pins"
+
+
+def test_pins_accept_int_keys_and_decimal_strings() -> None:
+    document = _example_document()
+    document["problem"]["pins"] = {"2": 1, 3: 0}
+    assert dict(iopddl.from_dict(document, strict=True).pins) == {2: 1, 3: 0}
+
+
+def test_a_huge_usage_limit_is_a_problem_error() -> None:
+    document = _example_document()
+    document["problem"]["usage_limit"] = 2**63
+    with pytest.raises(ProblemError) as error:
+        iopddl.from_dict(document)
+    assert error.value.field == "problem.usage_limit"
+
+
+# ---------------------------------------------------------------------------------------- strict reading
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d.__setitem__("solution", [0]), "solution"),
+        (lambda d: d["problem"].__setitem__("owner", "x"), "problem.owner"),
+        (lambda d: d["problem"]["nodes"].__setitem__("names", []), "problem.nodes.names"),
+        (lambda d: d["problem"]["edges"].__setitem__("weights", []), "problem.edges.weights"),
+    ],
+)
+def test_a_strict_read_refuses_unknown_keys_by_name_and_a_lenient_one_ignores_them(
+    mutate, field: str
+) -> None:
+    document = _example_document()
+    mutate(document)
+    with pytest.raises(ProblemError) as error:
+        iopddl.from_dict(document, strict=True)
+    assert (error.value.field, error.value.message) == (field, "unknown field")
+    assert iopddl.from_dict(document).num_nodes == 5
+
+
+@pytest.mark.parametrize("name", ["n" * 257, 7, None])
+def test_a_strict_read_takes_a_name_of_at_most_256_characters(name: object) -> None:
+    document = _example_document()
+    document["problem"]["name"] = name
+    with pytest.raises(ProblemError) as error:
+        iopddl.from_dict(document, strict=True)
+    assert (error.value.field, error.value.message) == (
+        "problem.name",
+        "must be a string of at most 256 characters",
+    )
+    document["problem"]["name"] = "n" * 256
+    assert iopddl.from_dict(document, strict=True).name == "n" * 256
+
+
+def test_a_strict_read_of_a_well_formed_document_equals_a_lenient_one() -> None:
+    document = _example_document()
+    document["problem"].update(groups=[[3, 1]], pins={"2": 1})
+    strict = iopddl.from_dict(document, strict=True)
+    assert strict.content_hash == iopddl.from_dict(document).content_hash

@@ -1,26 +1,26 @@
 """``/v1/searches``: run ``autoshard search`` as a job (202 and its Location); read its progress and
-results; its HTML report once done."""
+results; its HTML report once done. A principal sees its own searches (an ``admin`` every one)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import time
-import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 
-from service.app.deps import CanRead, CanSubmit, SessionDep, SettingsDep
+from service.access import Principal
+from service.app.deps import Reader, SessionDep, SettingsDep, Submitter
+from service.app.openapi import json_body
 from service.app.schemas import SearchOut, SearchSubmission
-from service.planning import BadRequest
-from service.search.candidates import mesh_shapes
+from service.app.submission import Services, submit
+from service.app.views import search_out
+from service.intake import read_search
 from service.store import jobs as job_store
 from service.store import plans as plan_store
-from service.store.models import SEARCH, SUCCEEDED, Job
+from service.store.models import SEARCH, SUCCEEDED, Job, search_results_key
 
 router = APIRouter(prefix="/v1/searches", tags=["searches"])
 SearchId = Annotated[str, PathParam(min_length=1, max_length=36, description="the search's job id")]
@@ -28,58 +28,40 @@ SearchId = Annotated[str, PathParam(min_length=1, max_length=36, description="th
 
 @router.post(
     "",
-    dependencies=[CanSubmit],
     status_code=status.HTTP_202_ACCEPTED,
     response_model=SearchOut,
+    openapi_extra=json_body(SearchSubmission),
     responses={
-        422: {"description": "the request is invalid; `field` names what"},
-        429: {"description": "busy"},
+        422: {"description": "the request is invalid (or past a cap); `field` names what"},
+        429: {"description": "the queue, your caps or the checkers are full; see Retry-After"},
     },
 )
-def submit_search(body: SearchSubmission, session: SessionDep, settings: SettingsDep) -> Response:
-    """Start a search; poll ``Location`` for its progress and results."""
-    from strategies.models import MODELS
-
-    if body.model not in MODELS:
-        raise BadRequest("model", f"unknown model {body.model!r}; built-in models are {sorted(MODELS)}")
-    if body.solver.time_limit_s > settings.max_time_limit_s:
-        raise BadRequest("solver.time_limit_s", f"at most {settings.max_time_limit_s:g} s")
-    request = body.model_dump(mode="json")
-    candidates = len(mesh_shapes(body.devices, body.max_mesh_dims)) * len(body.batch_sizes)
-    if job_store.count_queued(session) >= settings.max_queued_jobs:
-        raise HTTPException(
-            status.HTTP_429_TOO_MANY_REQUESTS,
-            f"the queue is full ({settings.max_queued_jobs} jobs); retry later",
-            headers={"Retry-After": str(settings.retry_after_s)},
-        )
-    key = hashlib.sha256(f"search:{uuid.uuid4()}:{time.time()}".encode()).hexdigest()
-    job = job_store.create_job(session, SEARCH, key, request, body.solver.time_limit_s * candidates)
-    session.commit()
-    answer = search_out(job, None).model_dump(mode="json")
-    return JSONResponse(
-        answer, status_code=status.HTTP_202_ACCEPTED, headers={"Location": f"/v1/searches/{job.id}"}
-    )
+async def submit_search(request: Request, principal: Submitter) -> Response:
+    """Start a search (body: SearchSubmission); poll ``Location`` for its progress and results. The same
+    search submitted while it runs joins it."""
+    return await submit(Services.of(request), principal, read_search, await request.body())
 
 
-@router.get("/{search_id}", dependencies=[CanRead], responses={404: {"description": "no such search"}})
-def get_search(search_id: SearchId, session: SessionDep) -> SearchOut:
+@router.get("/{search_id}", responses={404: {"description": "no such search"}})
+def get_search(search_id: SearchId, session: SessionDep, principal: Reader) -> SearchOut:
     """The search's state and progress (done / total, infeasible, failed, the best so far); its results
     (results.json) once it succeeded."""
-    job = _search_job(session, search_id)
+    job = _search_job(session, search_id, principal)
     return search_out(job, _results(session, job))
 
 
 @router.get(
     "/{search_id}/report",
-    dependencies=[CanRead],
     response_class=HTMLResponse,
     responses={404: {"description": "no such search, or not done"}, 501: {"description": "no report module"}},
 )
-def get_report(search_id: SearchId, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+def get_report(
+    search_id: SearchId, session: SessionDep, settings: SettingsDep, principal: Reader
+) -> HTMLResponse:
     """The search's HTML report (ranking, throughput against memory, time split, the winner's plan)."""
     from service.search.report_page import report_renderer
 
-    job = _search_job(session, search_id)
+    job = _search_job(session, search_id, principal)
     results = _results(session, job)
     if results is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"search {search_id} is {job.state}: no report yet")
@@ -91,23 +73,8 @@ def get_report(search_id: SearchId, session: SessionDep, settings: SettingsDep) 
     return HTMLResponse(render(results, Path(settings.search_dir) / job.id))
 
 
-def search_out(job: Job, results: dict[str, Any] | None) -> SearchOut:
-    progress = None if job.progress is None else json.loads(job.progress)
-    return SearchOut(
-        id=job.id,
-        state=job.state,  # type: ignore[arg-type]
-        created_at=job.created_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        progress=progress if progress is None or progress.get("phase") == "search" else None,  # type: ignore[arg-type]
-        error=None if job.error is None else json.loads(job.error),
-        results=results,
-        report_url=f"/v1/searches/{job.id}/report",
-    )
-
-
-def _search_job(session: Any, search_id: str) -> Job:
-    job = job_store.get_job(session, search_id)
+def _search_job(session: Any, search_id: str, principal: Principal) -> Job:
+    job = job_store.get_job(session, search_id, principal.owner_filter)
     if job is None or job.kind != SEARCH:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no search {search_id}")
     return job
@@ -116,5 +83,5 @@ def _search_job(session: Any, search_id: str) -> Job:
 def _results(session: Any, job: Job) -> dict[str, Any] | None:
     if job.state != SUCCEEDED:
         return None
-    stored = plan_store.get_plan(session, job.problem_hash)
+    stored = plan_store.get_plan(session, search_results_key(job.id))
     return None if stored is None else json.loads(stored.document)

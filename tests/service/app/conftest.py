@@ -1,4 +1,5 @@
-"""A TestClient on an app without solver workers (jobs stay queued): the API alone, fast."""
+"""A TestClient on an app without solver workers (jobs stay queued) and checks in a thread of its own
+process: the API alone, fast."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def make_client(tmp_path: Path) -> Iterator[Callable[..., TestClient]]:
         values = {
             "database_url": f"sqlite:///{tmp_path / f'db{len(clients)}.sqlite'}",
             "workers": 0,
+            "check_workers": 0,
             **settings,
         }
         client = TestClient(create_app(Settings(**values)), raise_server_exceptions=False)

@@ -8,6 +8,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from service.store import jobs as job_store
 from service.store import plans as plan_store
 from tests.bundled_data import EXAMPLE
 from tests.service.app.conftest import MLP
@@ -38,7 +39,7 @@ def test_a_stored_plan_is_answered_200_from_the_cache(client: TestClient) -> Non
     store = client.app.state.store
     with store.session() as session:
         plan_store.save_plan(
-            session, job["problem_hash"], "plan", {"version": 1, "marker": 7}, job["id"], 0.1
+            session, job["problem_hash"], "plan", {"version": 1, "marker": 7}, job["id"], 0.1, "anonymous"
         )
     response = client.post("/v1/plans", json=MLP)
     assert response.status_code == 200 and response.json() == {"version": 1, "marker": 7}
@@ -105,13 +106,13 @@ def test_metrics_report_jobs_by_state_queue_depth_and_latency(client: TestClient
         ({**MLP, "model": "resnet-9000"}, "model"),
         ({**MLP, "model": "./evil.py:factory"}, "model"),
         ({"mesh": {"shape": [4]}}, "model"),
-        ({**MLP, "mesh": {"shape": [0, 4]}}, "mesh.shape"),
+        ({**MLP, "mesh": {"shape": [0, 4]}}, "mesh.shape[0]"),
         ({**MLP, "mesh": {"shape": [2, 4], "axis_names": ["dp"]}}, "mesh.axis_names"),
         ({**MLP, "mesh": {"shape": []}}, "mesh.shape"),
         ({**MLP, "mesh": {"shape": ["four"]}}, "mesh.shape[0]"),
         ({**MLP, "memory_gib": 0.001}, "memory_gib"),
         ({**MLP, "memory_gib": -1}, "memory_gib"),
-        ({**MLP, "options": {"depth": 3}}, "options"),
+        ({**MLP, "options": {"depth": 3}}, "options.depth"),
         ({**MLP, "hardware": "tpu9"}, "hardware"),
         ({**MLP, "hardware": {"base": "h100", "warp_drive": 1}}, "hardware.warp_drive"),
         ({**MLP, "solver": {"backend": "gurobi"}}, "solver.backend"),
@@ -181,11 +182,76 @@ def test_unknown_jobs_and_plans_get_404(client: TestClient) -> None:
 
 
 def test_a_full_queue_gets_429_with_retry_after(make_client) -> None:
-    client = make_client(max_queued_jobs=2, retry_after_s=7)
+    client = make_client(max_live_jobs=2, retry_after_s=7)
     assert [client.post("/v1/plans", json={**MLP, "batch": b}).status_code for b in (8, 16)] == [202, 202]
     full = client.post("/v1/plans", json={**MLP, "batch": 32})
     assert full.status_code == 429 and full.headers["retry-after"] == "7"
     assert client.post("/v1/plans", json={**MLP, "batch": 8}).status_code == 202  # joining a job is free
+
+
+def test_the_queue_bound_counts_running_jobs_too(make_client) -> None:
+    client = make_client(max_live_jobs=1)
+    job = client.post("/v1/plans", json=MLP).json()
+    with client.app.state.store.session() as session:
+        assert job_store.claim_next_job(session, "elsewhere/0", lease_s=600).id == job["id"]
+    assert client.post("/v1/plans", json={**MLP, "batch": 16}).status_code == 429
+
+
+def test_a_principals_live_work_is_capped(make_client) -> None:
+    tokens = {"a": ["read", "submit"], "b": ["read", "submit"]}
+    client = make_client(tokens=tokens, max_principal_solver_s=12, max_principal_candidates=3)
+    a, b = ({"Authorization": f"Bearer {token}"} for token in ("a", "b"))
+    assert client.post("/v1/plans", json=MLP, headers=a).status_code == 202  # 5 solver seconds
+    assert client.post("/v1/plans", json={**MLP, "batch": 16}, headers=a).status_code == 202  # 10
+    over = client.post("/v1/plans", json={**MLP, "batch": 32}, headers=a)
+    assert (
+        over.status_code == 429 and "solver seconds" in over.json()["detail"] and over.headers["retry-after"]
+    )
+    assert client.post("/v1/plans", json={**MLP, "batch": 32}, headers=b).status_code == 202  # b's own caps
+    small = {**MLP, "batch": 64, "solver": {"time_limit_s": 1}}
+    assert client.post("/v1/plans", json=small, headers=a).status_code == 202  # 3 jobs, 11 s
+    fourth = client.post("/v1/plans", json={**small, "batch": 128}, headers=a)
+    assert fourth.status_code == 429 and "candidates" in fourth.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("search", "field", "fragment"),
+    [
+        ({"devices": 4096, "batch_sizes": list(range(1, 17))}, "batch_sizes", "candidates"),
+        (
+            {"devices": 8, "batch_sizes": list(range(1, 17)), "solver": {"time_limit_s": 600}},
+            "solver.time_limit_s",
+            "solver seconds",
+        ),
+        ({"devices": 8, "solver": {"time_limit_s": 601}}, "solver.time_limit_s", "at most 600"),
+        ({"devices": 8, "hardware": "hw.yaml"}, "hardware", "not a preset"),
+        ({"devices": 8, "options": {"width": 3}}, "options.width", ""),
+        ({"devices": 8, "model": "resnet"}, "model", "unknown model"),
+    ],
+)
+def test_searches_past_a_cap_or_wrong_get_422(
+    client: TestClient, search: dict, field: str, fragment: str
+) -> None:
+    response = client.post("/v1/searches", json={"model": "mlp", **search})
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field and fragment in response.json()["detail"], response.json()
+
+
+def test_the_same_search_submitted_again_joins_the_running_one(client: TestClient) -> None:
+    search = {"model": "mlp", "devices": 4, "batch_sizes": [8, 16]}
+    first = client.post("/v1/searches", json=search)
+    assert first.status_code == 202 and first.headers["location"] == f"/v1/searches/{first.json()['id']}"
+    assert client.post("/v1/searches", json=search).json()["id"] == first.json()["id"]
+    assert client.post("/v1/searches", json={**search, "devices": 8}).json()["id"] != first.json()["id"]
+
+
+def test_a_token_configuration_with_an_unknown_scope_stops_the_server() -> None:
+    from pydantic import ValidationError
+
+    from service.app.settings import Settings
+
+    with pytest.raises(ValidationError, match="unknown scope 'wrte'"):
+        Settings(tokens={"a-long-token": ["read", "wrte"]})
 
 
 def test_tokens_gate_reading_and_submitting(make_client) -> None:

@@ -1,10 +1,14 @@
 """Jobs run by worker processes, on SQLite and on PostgreSQL: a plan and a bare solve go queued -> running
--> succeeded with progress and their result stored; cancel terminates the worker process that ran the job."""
+-> succeeded with progress and their result stored; cancel terminates the worker process that ran the job;
+a job whose worker is killed runs again, and fails with the reason once its attempts are used; a poisoned
+request fails at once while the worker lives on."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from service.app.main import create_app
 from service.app.settings import Settings
+from service.store import jobs as job_store
 from tests.bundled_data import EXAMPLE, INSTANCE_G
 from tests.service.server import pid_alive
 
@@ -23,7 +28,9 @@ EXAMPLE_OPTIMUM = 445
 
 @pytest.fixture(scope="module")
 def client(module_database_url: str) -> Iterator[TestClient]:
-    settings = Settings(database_url=module_database_url, workers=1, poll_s=0.1, heartbeat_s=0.5, lease_s=5)
+    settings = Settings(
+        database_url=module_database_url, workers=1, poll_s=0.1, heartbeat_s=0.5, lease_s=5, max_attempts=2
+    )
     with TestClient(create_app(settings)) as client:
         deadline = time.monotonic() + 120
         while client.get("/readyz").status_code != 200:
@@ -64,10 +71,43 @@ def test_a_bare_solve_finds_the_example_optimum(client: TestClient) -> None:
     assert result["cost"] == EXAMPLE_OPTIMUM and result["status"] == "optimal" and len(result["solution"]) > 0
 
 
-def test_a_pin_on_an_unknown_parameter_fails_the_job_naming_it(client: TestClient) -> None:
-    request = {**MLP, "pinned": {"parameters": {"w9.weight": ["S(0)"]}}}
-    job = wait_for(client, client.post("/v1/plans", json=request).json()["id"], ("succeeded", "failed"))
-    assert job["state"] == "failed" and "w9.weight" in job["error"]["message"], job
+def test_a_job_whose_worker_is_killed_runs_again(client: TestClient) -> None:
+    document = json.loads(gzip.decompress(Path(INSTANCE_G).read_bytes()))
+    params = {"time_limit_s": 3, "backend": "heuristic"}
+    job_id = client.post("/v1/solve", json=document, params=params).json()["id"]
+    wait_for(client, job_id, ("running",))
+    os.kill(client.app.state.runner.slots[0].worker.process.pid, signal.SIGKILL)
+    job = wait_for(client, job_id, ("succeeded", "failed"), timeout_s=120)
+    assert job["state"] == "succeeded" and job["attempts"] == 2, job
+
+
+def test_a_job_whose_worker_keeps_dying_fails_after_its_attempts(client: TestClient) -> None:
+    document = json.loads(gzip.decompress(Path(INSTANCE_G).read_bytes()))
+    params = {"time_limit_s": 30, "backend": "heuristic"}
+    job_id = client.post("/v1/solve", json=document, params=params).json()["id"]
+    for attempt in (1, 2):
+        wait_for(client, job_id, ("running",))
+        assert client.get(f"/v1/jobs/{job_id}").json()["attempts"] == attempt
+        slot = client.app.state.runner.slots[0]
+        os.kill(slot.worker.process.pid, signal.SIGKILL)
+        if attempt == 1:  # back in the queue, then claimed again by a new worker
+            deadline = time.monotonic() + 60
+            while client.get(f"/v1/jobs/{job_id}").json()["attempts"] < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    job = wait_for(client, job_id, ("failed",), timeout_s=60)
+    assert job["error"]["type"] == "gave_up" and "worker process died" in job["error"]["message"], job
+
+
+def test_a_poisoned_stored_request_fails_at_once_and_the_worker_lives_on(client: TestClient) -> None:
+    poisoned = "[" * 100_000 + "]" * 100_000  # stored before requests were bounded: it cannot be read back
+    with client.app.state.store.session() as session:
+        job, _ = job_store.create_job(session, "plan", "9" * 64, poisoned, 5.0, "anonymous")
+    done = wait_for(client, job.id, ("succeeded", "failed"), timeout_s=60)
+    assert done["state"] == "failed" and done["attempts"] == 1, done
+    assert done["error"]["message"].startswith("RecursionError"), done
+    after = client.post("/v1/plans", json={**MLP, "batch": 24}).json()
+    assert wait_for(client, after["id"], ("succeeded", "failed"))["state"] == "succeeded"
 
 
 def test_cancel_terminates_the_worker_process_running_the_job(client: TestClient) -> None:

@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import math
+import pickle
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from strategies.graph.capture import capture_step
-from strategies.models import MODELS, ModelSpec, build_model, load_factory, load_model
+from strategies.models import (
+    MAX_DIM,
+    MAX_ELEMENTS,
+    MODELS,
+    ModelOptionError,
+    ModelSpec,
+    build_model,
+    load_factory,
+    load_model,
+    model_layers,
+)
 from strategies.models.gpt2 import GPT2, GPT2Config
+from strategies.models.llama import LlamaConfig
 from strategies.models.moe import MoE, MoEConfig, dispatch_slots
 
 SMALL_MOE = MoEConfig(dim=16, n_heads=2, n_kv_heads=1, ffn_dim=24, n_experts=4, top_k=2, vocab_size=40)
@@ -78,11 +91,11 @@ def test_layers_and_options_reshape_the_model_and_seq_beyond_the_tables_extends_
 def test_bad_model_arguments_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="unknown model 'gpt5'"):
         build_model("gpt5", batch=1, seq=8)
-    with pytest.raises(ValueError, match="has no option 'width'"):
+    with pytest.raises(ValueError, match="width: not an option of llama3-8b"):
         build_model("llama3-8b", batch=1, seq=8, width=3)
     with pytest.raises(ValueError, match="batch: must be a positive integer"):
         build_model("gpt2-small", batch=0, seq=8)
-    with pytest.raises(ValueError, match="mlp has no option 'depth'"):
+    with pytest.raises(ValueError, match="depth: not an option of mlp"):
         build_model("mlp", batch=1, seq=8, depth=3)
     with pytest.raises(ValueError, match="layers: mlp has exactly two layers"):
         build_model("mlp", batch=1, seq=8, layers=4)
@@ -93,6 +106,166 @@ def test_bad_model_arguments_are_refused_by_name() -> None:
 def test_model_spec_unpacks_like_a_factory_tuple() -> None:
     module, inputs, loss_fn = load_model("mlp", batch=2, seq=1, d=4, h=8)
     assert isinstance(module, torch.nn.Module) and len(inputs) == 2 and loss_fn is None
+
+
+# -------------------------------------------------------------------------------------- checked options
+
+
+def _refusal(name: str, **build: Any) -> ModelOptionError:
+    """The ModelOptionError ``build_model(name, batch=2, seq=16, **build)`` raises."""
+    with pytest.raises(ModelOptionError) as error:
+        build_model(name, **{"batch": 2, "seq": 16, **build})
+    return error.value
+
+
+@pytest.mark.parametrize(
+    ("name", "option", "value", "got"),
+    [
+        ("llama3-8b", "n_heads", 0, "0"),
+        ("gpt2-small", "vocab_size", 0, "0"),
+        ("mlp", "h", -1, "-1"),
+        ("mlp", "d", 2**31, "2147483648"),
+        ("mlp", "d", 2**70, "an integer of 71 bits"),
+        ("moe", "n_experts", True, "True"),
+        ("llama3-8b", "dim", 4096.0, "4096.0"),
+        ("llama3-8b", "ffn_dim", "14336", "a str"),
+    ],
+)
+def test_an_int_option_takes_an_int_in_1_to_max_dim_and_no_bool_or_float(
+    name: str, option: str, value: object, got: str
+) -> None:
+    error = _refusal(name, **{option: value})
+    assert isinstance(error, ValueError) and error.option == option
+    assert error.message == f"must be an integer in 1..{MAX_DIM}, got {got}"
+    assert str(error) == f"{option}: {error.message}"
+
+
+@pytest.mark.parametrize(
+    ("name", "option", "value", "got"),
+    [
+        ("llama3-8b", "norm_eps", math.nan, "nan"),
+        ("llama3-8b", "rope_theta", math.inf, "inf"),
+        ("moe", "capacity_factor", 0.0, "0.0"),
+        ("gpt2-small", "norm_eps", -1e-5, "-1e-05"),
+        ("moe", "capacity_factor", True, "True"),
+        ("llama3-8b", "rope_theta", 10**400, "an integer of 1329 bits"),
+    ],
+)
+def test_a_float_option_takes_a_finite_number_above_zero(
+    name: str, option: str, value: object, got: str
+) -> None:
+    error = _refusal(name, **{option: value})
+    assert (error.option, error.message) == (option, f"must be a finite number > 0, got {got}")
+
+
+def test_a_float_option_takes_an_int() -> None:
+    assert (
+        build_model("llama3-8b", batch=1, seq=8, layers=1, rope_theta=10000).module.config.rope_theta == 10000
+    )
+
+
+def test_a_bool_option_takes_only_a_bool() -> None:
+    error = _refusal("gpt2-small", tie_embeddings=1)
+    assert (error.option, error.message) == ("tie_embeddings", "must be true or false, got 1")
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "option", "message"),
+    [
+        ("llama3-8b", {"n_heads": 33}, "n_heads", "dim (4096) must divide by n_heads (33)"),
+        ("gpt2-small", {"n_heads": 7}, "n_heads", "dim (768) must divide by n_heads (7)"),
+        (
+            "llama3-8b",
+            {"dim": 12, "n_heads": 4, "n_kv_heads": 2},
+            "n_heads",
+            "the head dim dim / n_heads (3) must be even: RoPE rotates pairs",
+        ),
+        ("llama3-70b", {"n_kv_heads": 5}, "n_kv_heads", "n_heads (64) must divide by n_kv_heads (5)"),
+        ("moe", {"top_k": 9}, "top_k", "top_k (9) must be in 1..n_experts (8)"),
+    ],
+)
+def test_a_broken_relation_between_options_names_the_option_that_breaks_it(
+    name: str, options: dict[str, int], option: str, message: str
+) -> None:
+    error = _refusal(name, **options)
+    assert (error.option, error.message) == (option, message)
+
+
+def test_configs_check_themselves_so_no_division_by_zero_is_reached() -> None:
+    with pytest.raises(ModelOptionError) as error:
+        LlamaConfig(n_heads=0)
+    assert error.value.option == "n_heads"
+    with pytest.raises(ModelOptionError, match="n_layers: must be an integer"):
+        model_layers("moe", n_layers=-2)
+
+
+def test_an_unknown_option_is_named_with_the_valid_ones() -> None:
+    error = _refusal("mlp", depth=3)
+    assert (error.option, error.message) == ("depth", "not an option of mlp; options are ['d', 'h']")
+    error = _refusal("gpt2-small", width=3)
+    assert error.option == "width"
+    assert error.message == (
+        "not an option of gpt2-small; options are ['dim', 'ffn_dim', 'max_seq_len', 'n_heads', 'n_layers', "
+        "'norm_eps', 'tie_embeddings', 'vocab_size']"
+    )
+
+
+@pytest.mark.parametrize(
+    ("build", "field", "got"),
+    [
+        ({"batch": 0}, "batch", "0"),
+        ({"seq": MAX_DIM + 1}, "seq", "2147483648"),
+        ({"layers": True}, "layers", "True"),
+        ({"batch": 2.0}, "batch", "2.0"),
+    ],
+)
+def test_batch_seq_and_layers_are_positive_ints_at_most_max_dim(build: dict, field: str, got: str) -> None:
+    with pytest.raises(ValueError) as error:
+        build_model("gpt2-small", **{"batch": 2, "seq": 16, **build})
+    assert str(error.value) == f"{field}: must be a positive integer at most {MAX_DIM}, got {got}"
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "tensor"),
+    [
+        ("mlp", {"d": MAX_DIM, "h": MAX_DIM}, "a weight (d x h)"),
+        ("llama3-8b", {"batch": MAX_DIM, "seq": MAX_DIM}, "the logits (batch x seq x vocab_size)"),
+        ("gpt2-small", {"vocab_size": MAX_DIM, "dim": 2**29, "n_heads": 2**20}, "the token embedding"),
+        ("moe", {"capacity_factor": 1e308}, "the dispatch buffer (n_experts x capacity x dim)"),
+        (
+            "moe",
+            {"n_experts": 2**20, "dim": 2**20, "ffn_dim": 2**20, "n_heads": 2**10, "n_kv_heads": 2**10},
+            "an expert weight",
+        ),
+    ],
+)
+def test_options_whose_tensors_would_overflow_torch_are_refused_before_torch_sees_them(
+    name: str, build: dict, tensor: str
+) -> None:
+    with pytest.raises(ValueError) as error:
+        build_model(name, **{"batch": 2, "seq": 16, "layers": None if name == "mlp" else 1, **build})
+    text = str(error.value)
+    assert text.startswith(f"model: {name} with these options, batch and seq would hold {tensor}")
+    assert text.endswith(f"of more than {MAX_ELEMENTS} elements, the most a tensor may have")
+
+
+def test_the_moe_traced_running_count_bounds_batch_times_seq() -> None:
+    """torch's meta cumsum holds a (tokens x top_k)^2 x n_experts intermediate: at MAX_ELEMENTS the step
+    still captures; past it the model is refused before torch fails on the size."""
+    options = {"dim": 8, "n_heads": 2, "n_kv_heads": 1, "ffn_dim": 8, "vocab_size": 8, "top_k": 1}
+    at_bound = build_model("moe", batch=2**15, seq=2**14, layers=1, n_experts=2, **options)
+    assert at_bound.capture().loss.meta["val"].shape == ()
+    with pytest.raises(ValueError, match=r"the traced running count of the one-hot"):
+        build_model("moe", batch=2**15, seq=2**14, layers=1, n_experts=4, **options)
+
+
+def test_model_option_errors_pickle_with_their_option_and_message() -> None:
+    error = pickle.loads(pickle.dumps(ModelOptionError("n_heads", "must be an integer")))
+    assert (error.option, error.message, str(error)) == (
+        "n_heads",
+        "must be an integer",
+        "n_heads: must be an integer",
+    )
 
 
 # ----------------------------------------------------------------------------------------------- GPT-2

@@ -1,0 +1,126 @@
+"""The service's child processes: each one dies with the server (SIGKILL included), and pools of them
+that a request waits on without holding the event loop.
+
+A child polls its parent's pid (:func:`exit_with_parent`): when the server is killed the children notice
+within :data:`PARENT_CHECK_S` and exit, and with them goes multiprocessing's resource tracker (it exits once
+the last process holding its pipe is gone). :class:`ProcessPool` runs functions in such children, at most
+``max_pending`` at once (more: :class:`PoolBusy`), each within a wall-clock limit past which the pool's
+processes are killed and replaced (:class:`PoolFailed`), as when one of them dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+log = logging.getLogger("autoshard.processes")
+PARENT_CHECK_S = 0.5
+
+
+def exit_with_parent(parent: int) -> None:
+    """Exit this process as soon as ``parent`` is no longer its parent (it died): a watch thread."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(PARENT_CHECK_S)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class PoolBusy(Exception):
+    """Every place of the pool is taken: the caller answers 429."""
+
+
+class PoolFailed(Exception):
+    """The call ran past its wall-clock limit or its process died; the pool was renewed."""
+
+
+class ProcessPool:
+    """``workers`` spawned processes (started on first use or by :meth:`start`), each running
+    ``initializer(parent pid, *initargs)`` first."""
+
+    def __init__(
+        self,
+        name: str,
+        workers: int,
+        max_pending: int,
+        initializer: Callable[..., None],
+        initargs: tuple[Any, ...] = (),
+    ) -> None:
+        self.name = name
+        self.workers = workers
+        self.max_pending = max_pending
+        self.initializer = initializer
+        self.initargs = initargs
+        self.pending = 0
+        self._executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the processes now (they import what they need while nothing waits on them)."""
+        executor = self._get()
+        for _ in range(self.workers):
+            executor.submit(time.sleep, 0)
+
+    async def run(self, timeout_s: float, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` in a pool process; PoolBusy when ``max_pending`` calls are under way,
+        PoolFailed when it takes more than ``timeout_s`` or its process dies."""
+        if self.pending >= self.max_pending:
+            raise PoolBusy(f"{self.name}: {self.pending} requests under way")
+        self.pending += 1
+        executor = self._get()
+        try:
+            future = executor.submit(function, *args)
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except TimeoutError as error:
+            log.warning("%s: a call ran past %.0f s: its processes are replaced", self.name, timeout_s)
+            self._renew(executor)
+            raise PoolFailed(f"took more than {timeout_s:g} s") from error
+        except BrokenProcessPool as error:
+            log.warning("%s: a process died: the pool is renewed", self.name)
+            self._renew(executor)
+            raise PoolFailed("its process died") from error
+        finally:
+            self.pending -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            _kill(executor)
+
+    def _get(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(
+                    max_workers=self.workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=self.initializer,
+                    initargs=(os.getpid(), *self.initargs),
+                )
+            return self._executor
+
+    def _renew(self, executor: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._executor is executor:
+                self._executor = None
+        _kill(executor)
+
+
+def _kill(executor: ProcessPoolExecutor) -> None:
+    """Stop a pool now: its processes are killed (a stuck call is never waited for)."""
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    executor.shutdown(wait=False, cancel_futures=True)
