@@ -16,9 +16,9 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import HTTPException, status
 from starlette.concurrency import run_in_threadpool
 
+from service.app.errors import too_busy
 from service.app.settings import Settings
 from service.intake import Intake, Limits, check
 from service.planning import BadRequest
@@ -79,11 +79,8 @@ class Checker:
                 wall_s = cpu_s * WALL_TIMEOUT_FACTOR + START_ALLOWANCE_S
                 outcome = await self.pool.run(wall_s, _checked, cpu_s, function, *args)
             except PoolBusy as error:
-                raise HTTPException(
-                    status.HTTP_429_TOO_MANY_REQUESTS,
-                    f"{self.settings.max_pending_checks} submissions are being checked; retry later",
-                    headers={"Retry-After": str(self.settings.retry_after_s)},
-                ) from error
+                message = f"{self.settings.max_pending_checks} submissions are being checked; retry later"
+                raise too_busy(message, self.settings.retry_after_s) from error
             except PoolFailed as error:
                 raise BadRequest("body", f"could not be checked: its checker {error}") from error
         return _answer(outcome, cpu_s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request, status
+from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -48,6 +48,13 @@ async def _unexpected(request: Request, error: Exception) -> JSONResponse:
     log.error("request %s: %s %s failed", request_id, request.method, request.url.path, exc_info=error)
     detail = f"internal error (logged on the server as request {request_id})"
     return _answer(status.HTTP_500_INTERNAL_SERVER_ERROR, detail, None, {"X-Request-ID": request_id})
+
+
+def too_busy(message: str, retry_after_s: int) -> HTTPException:
+    """A 429 with ``Retry-After``: the queue, a principal's caps or a pool of processes is full."""
+    return HTTPException(
+        status.HTTP_429_TOO_MANY_REQUESTS, message, headers={"Retry-After": str(retry_after_s)}
+    )
 
 
 def _answer(code: int, detail: str, field: str | None, headers: dict | None = None) -> JSONResponse:

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import HTTPException, status
 
+from service.app.errors import too_busy
 from service.app.settings import Settings
 from service.explaining import explain_or_error
 from service.planning import BadRequest
@@ -36,11 +37,8 @@ async def explain(explainer: Explainer, problem_hash: str, document: str, target
     try:
         report = await explainer.pool.run(EXPLAIN_TIMEOUT_S, explain_or_error, problem_hash, document, target)
     except PoolBusy as error:
-        raise HTTPException(
-            status.HTTP_429_TOO_MANY_REQUESTS,
-            f"{explainer.settings.max_pending_explains} explain requests are under way; retry later",
-            headers={"Retry-After": str(explainer.settings.retry_after_s)},
-        ) from error
+        message = f"{explainer.settings.max_pending_explains} explain requests are under way; retry later"
+        raise too_busy(message, explainer.settings.retry_after_s) from error
     except PoolFailed as error:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"explain failed: it {error}") from error
     if "unknown_target" in report:

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.access import Principal
+from service.app.errors import too_busy
 from service.app.settings import Settings
 from service.app.views import accepted
 from service.checker import Checker
@@ -146,9 +147,7 @@ def _check_room(
 
 
 def _busy(settings: Settings, message: str) -> None:
-    raise HTTPException(
-        status.HTTP_429_TOO_MANY_REQUESTS, message, headers={"Retry-After": str(settings.retry_after_s)}
-    )
+    raise too_busy(message, settings.retry_after_s)
 
 
 def _accepted(job: Any) -> Response:

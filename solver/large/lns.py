@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solver.backends import get_backend
+from solver.backends.base import OPTIMAL
 from solver.compact import CompactProblem
 from solver.evaluate import interval_profile
 from solver.ilp import build_program
@@ -72,16 +73,28 @@ def lns_improve(
             improved += 1
             if on_incumbent is not None:
                 on_incumbent(cost, current)
+        if len(region) == len(free) and result.status == OPTIMAL:
+            break  # the region was the whole problem and its answer is proven: no other region can improve it
     return current, LnsStats(regions, improved, cost)
 
 
 def _grow_region(problem: CompactProblem, root: int, size: int) -> np.ndarray:
-    """Up to `size` free super nodes reached breadth-first from `root`."""
+    """Up to `size` free super nodes reached breadth-first from `root`. When its component is exhausted, the
+    region goes on from the next free node outside it: memory couples nodes that share no edge, so a region of
+    the size asked for is worth more than a connected one, and one as large as the problem is all of it."""
     counts = problem.strategy_counts
     seen = {root}
     order = [root]
     head = 0
-    while head < len(order) and len(order) < size:
+    unvisited = iter(np.flatnonzero(counts > 1).tolist())
+    while len(order) < size:
+        if head == len(order):
+            fresh = next((n for n in unvisited if n not in seen), None)
+            if fresh is None:
+                break
+            seen.add(fresh)
+            order.append(fresh)
+            continue
         node = order[head]
         head += 1
         for e in problem.incident_edges[node]:
