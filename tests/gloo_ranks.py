@@ -1,4 +1,8 @@
-"""Four spawned ranks of one gloo group on 127.0.0.1, started once per test module, running jobs sent to them.
+"""Four spawned ranks of one gloo group on 127.0.0.1, running jobs sent to them.
+
+One group serves the whole session (the `ranks` fixture of `tests/conftest.py`): starting one costs ~7 s and
+stopping it ~2.5 s, and the runtime and conformance modules would pay that ten times. A group whose rank died
+or whose job timed out is replaced before the next module uses it, so one module's crash stays its own.
 
 A job is a module-level function and its arguments (both pickled); every rank runs it and answers its result,
 or :class:`RankError` with the exception's last line and traceback. The ranks join the group, set one thread
@@ -50,6 +54,12 @@ class GlooRanks:
             rank, answer = self.results.get(timeout=START_TIMEOUT_S)
             if isinstance(answer, RankError):
                 raise RuntimeError(f"rank {rank} failed to start: {answer.message}")
+        self.broken = False
+
+    @property
+    def healthy(self) -> bool:
+        """Every rank alive and no answer owed (after a timeout, a late answer would answer the next job)."""
+        return not self.broken and all(process.is_alive() for process in self.processes)
 
     def run(self, function: Callable[..., Any], *args: Any) -> list[Any]:
         """``function(*args)`` on every rank: each rank's result or :class:`RankError`, by rank."""
@@ -61,6 +71,7 @@ class GlooRanks:
                 rank, answer = self.results.get(timeout=JOB_TIMEOUT_S)
             except queue.Empty as error:
                 silent = sorted(set(range(WORLD)) - set(answers))
+                self.broken = True
                 raise TimeoutError(f"ranks {silent} did not answer in {JOB_TIMEOUT_S} s") from error
             answers[rank] = answer
         return [answers[rank] for rank in range(WORLD)]

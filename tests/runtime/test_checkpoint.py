@@ -3,20 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from runtime.worker import RunOptions, run_rank
-from tests.gloo_ranks import GlooRanks
 from tests.runtime.test_planned_step import write_plan
-
-
-@pytest.fixture(scope="module")
-def ranks() -> Iterator[GlooRanks]:
-    pool = GlooRanks()
-    yield pool
-    pool.close()
 
 
 def test_a_checkpoint_saved_under_one_plan_continues_under_another(ranks, tmp_path) -> None:

@@ -10,7 +10,6 @@ op came out in its planned placements, and that the collectives DTensor ran are 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from runtime.launch import check_before_start
 from runtime.planned_step import PlanMismatch, check_plan
 from runtime.worker import RunOptions, run_rank
 from strategies.plan.planner import PlanRequest, plan_model
-from tests.gloo_ranks import GlooRanks, RankError
+from tests.gloo_ranks import RankError
 
 USER_MODELS = Path(__file__).resolve().parents[1] / "strategies" / "models" / "user_models"
 HF_LLAMA = f"{USER_MODELS / 'hf_llama.py'}:factory"
@@ -43,13 +42,6 @@ CASES = [
     for layout in LAYOUTS
     if not (layout == "fsdp_tp" and mesh == "4") and (name != "deep" or (mesh, layout) in DEEP)
 ]
-
-
-@pytest.fixture(scope="module")
-def ranks() -> Iterator[GlooRanks]:
-    pool = GlooRanks()
-    yield pool
-    pool.close()
 
 
 def write_plan(tmp: Path, name: str, mesh: str, layout: str | None) -> Path:

@@ -112,6 +112,6 @@ def session_processes(session: int) -> set[int]:
 def pid_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or reaped between open and read
         return False
     return state != "Z"

@@ -10,12 +10,11 @@ For a case (an op and its arguments) and a mesh, each strategy is checked on all
 4. every tensor output has the predicted placement, and its full tensor equals the single-process
    result.
 
-The process group is spawned once per test module (a module-scoped fixture) and reused by every case.
+The process group is the session's one (`tests/conftest.py`), shared with the runtime tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,8 +100,8 @@ def strategy_list(case: Case, mesh_shape: tuple[int, ...]) -> list[tuple[list, l
 class ProcessGroup:
     """Four spawned gloo ranks (:class:`tests.gloo_ranks.GlooRanks`) that check conformance cases."""
 
-    def __init__(self) -> None:
-        self.ranks = GlooRanks()
+    def __init__(self, ranks: GlooRanks) -> None:
+        self.ranks = ranks
 
     def check(self, case: Case, mesh_shape: tuple[int, ...]) -> list[str]:
         """Failures (one line each) of every strategy of ``case`` on a mesh; empty when all conform."""
@@ -125,17 +124,11 @@ class ProcessGroup:
             failures.append(f"{case} on {mesh_shape}: no strategies")
         return failures
 
-    def close(self) -> None:
-        self.ranks.close()
-
 
 @pytest.fixture(scope="module")
-def gloo() -> Iterator[ProcessGroup]:
-    group = ProcessGroup()
-    try:
-        yield group
-    finally:
-        group.close()
+def gloo(ranks: GlooRanks) -> ProcessGroup:
+    """The session's gloo ranks (`tests/conftest.py`), checking this module's cases."""
+    return ProcessGroup(ranks)
 
 
 # ---------------------------------------------------------------------------------------------- ranks
