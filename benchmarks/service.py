@@ -8,7 +8,8 @@ Rows (issue 14, part 6):
   of 4 that was never solved (a worker process already warm).
 - "cached plans, open loop": `--rate` requests per second for `--seconds` of `POST /v1/plans` whose plan is
   stored (200 from the cache), sent on schedule whatever the answers' pace (at most 256 in flight); the
-  requests/s served, latency p50 / p99 / max from each request's send to its whole answer, and errors.
+  requests/s served, latency p50 / p99 / max from each request's scheduled send to its whole answer, and
+  errors by kind.
 - "jobs per minute (mlp, distinct)": `--jobs` distinct small plans (`mlp`, mesh 4, batches 16, 24, ...)
   submitted at once to `--workers` worker processes; finished jobs per minute of wall time.
 - "cached plans while a large graph is checked" (issue 23): the same open loop while a launcher's graph of
@@ -84,6 +85,52 @@ def cold_plan_seconds(url: str) -> float:
         return time.perf_counter() - started
 
 
+class KeepAliveClient:
+    """HTTP/1.1 POSTs of one prepared request over reused loopback connections (asyncio streams).
+
+    The load generator shares the server's two cores: httpx's AsyncClient spent about 5 ms of CPU a request
+    (one core at 100% for 200 requests/s, 2026-12-03), so the latencies measured the generator more than
+    the server. Here a request is one write of prepared bytes and a read of the status line, the headers and
+    ``Content-Length`` bytes of body."""
+
+    def __init__(self, url: str, path: str, body: bytes) -> None:
+        host, port = httpx.URL(url).host, httpx.URL(url).port
+        assert port is not None
+        self.address = (host, port)
+        self.request = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def post(self) -> int:
+        """The answer's status code (the body is read and dropped); the connection is kept for the next."""
+        while self.idle:
+            reader, writer = self.idle.pop()
+            try:
+                return await self._exchange(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                writer.close()  # closed by the server while idle (its keep-alive timeout): the next one
+        return await self._exchange(*await asyncio.open_connection(*self.address))
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+        writer.write(self.request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
+        await reader.readexactly(int(headers.get("content-length", "0")))
+        if headers.get("connection") == "close":
+            writer.close()
+        else:
+            self.idle.append((reader, writer))
+        return status
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+
+
 async def open_loop(
     url: str, seconds: float, rate: float, graph: bytes | None = None, graph_at_s: float = 1.0
 ) -> dict[str, Any]:
@@ -93,45 +140,53 @@ async def open_loop(
     latencies: list[float] = []
     sent_at: list[float] = []
     errors = 0
+    failures: dict[str, int] = {}
     graph_window: list[float] = []
-    limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=MAX_IN_FLIGHT)
     gate = asyncio.Semaphore(MAX_IN_FLIGHT)
-    body = json.dumps(MLP).encode()
-    headers = {"content-type": "application/json"}
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+    cached = KeepAliveClient(url, "/v1/plans", json.dumps(MLP).encode())
 
-        async def one() -> None:
-            nonlocal errors
-            async with gate:
-                sent = time.perf_counter()
-                try:
-                    response = await client.post("/v1/plans", content=body, headers=headers)
-                    ok = response.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                latencies.append(time.perf_counter() - sent)
-                sent_at.append(sent)
-                errors += not ok
+    async def one(scheduled: float) -> None:
+        nonlocal errors
+        async with gate:
+            try:
+                status = await cached.post()
+                failure = None if status == 200 else f"HTTP {status}"
+            except (OSError, asyncio.IncompleteReadError, ValueError) as error:
+                failure = type(error).__name__
+            ok = failure is None
+            if failure is not None:
+                failures[failure] = failures.get(failure, 0) + 1
+            # from the scheduled send: a request the generator or the gate held back counts its wait
+            latencies.append(time.perf_counter() - scheduled)
+            sent_at.append(scheduled)
+            errors += not ok
 
-        async def submit_graph() -> None:
-            assert graph is not None
-            await asyncio.sleep(graph_at_s)
-            sent = time.perf_counter()
-            response = await client.post("/v1/plans", content=graph, headers=headers, timeout=600)
-            graph_window.extend((sent, time.perf_counter()))
-            if response.status_code not in (200, 202):
-                raise SystemExit(f"the graph was refused: {response.status_code} {response.text[:500]}")
+    async def submit_graph() -> None:
+        assert graph is not None
+        await asyncio.sleep(graph_at_s)
+        sent = time.perf_counter()
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            response = await client.post(
+                "/v1/plans", content=graph, headers={"content-type": "application/json"}
+            )
+        graph_window.extend((sent, time.perf_counter()))
+        if response.status_code not in (200, 202):
+            raise SystemExit(f"the graph was refused: {response.status_code} {response.text[:500]}")
 
-        tasks = [asyncio.create_task(submit_graph())] if graph is not None else []
-        started = time.perf_counter()
-        count = int(seconds * rate)
+    tasks = [asyncio.create_task(submit_graph())] if graph is not None else []
+    started = time.perf_counter()
+    count = int(seconds * rate)
+    try:
         for i in range(count):
-            delay = started + i / rate - time.perf_counter()
+            scheduled = started + i / rate
+            delay = scheduled - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one()))
+            tasks.append(asyncio.create_task(one(scheduled)))
         await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - started
+    finally:
+        cached.close()
+    elapsed = time.perf_counter() - started
     extra: dict[str, Any] = {}
     if graph is not None:
         begin, end = graph_window
@@ -150,7 +205,13 @@ async def open_loop(
         "p99_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
         "max_ms": 1e3 * ordered[-1],
         "errors": errors,
+        "failures": failures,
     }
+
+
+def errors_text(figures: dict[str, Any]) -> str:
+    kinds = ", ".join(f"{kind}: {count}" for kind, count in sorted(figures["failures"].items()))
+    return f"{figures['errors']} errors" + (f" ({kinds})" if kinds else "")
 
 
 def jobs_per_minute(url: str, jobs: int) -> dict[str, Any]:
@@ -214,7 +275,7 @@ def main() -> None:
     print(
         f"| cached plans, open loop at {args.rate:g}/s for {args.seconds:g} s | "
         f"{load['requests_per_s']:.1f} requests/s served, p50 {load['p50_ms']:.1f} ms, "
-        f"p99 {load['p99_ms']:.1f} ms, max {load['max_ms']:.1f} ms, {load['errors']} errors "
+        f"p99 {load['p99_ms']:.1f} ms, max {load['max_ms']:.1f} ms, {errors_text(load)} "
         f"of {load['requests']} |"
     )
     if checked is not None:
@@ -222,7 +283,7 @@ def main() -> None:
             f"| cached plans at {args.rate:g}/s while a {checked['graph_bytes'] / 2**20:.1f} MiB graph is "
             f"checked | {checked['requests']} requests in its {checked['graph_answer_s']:.1f} s: p50 "
             f"{checked['p50_ms']:.1f} ms, p99 {checked['p99_ms']:.1f} ms, max {checked['max_ms']:.1f} ms, "
-            f"{checked['errors']} errors |"
+            f"{errors_text(checked)} in the whole load |"
         )
     print(
         f"| jobs per minute (mlp, {throughput['jobs']} distinct, {args.workers} workers) | "
