@@ -69,7 +69,8 @@ def start_server(database_url: str, workers: int, log: Path) -> tuple[subprocess
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).json().get("workers_ready") == workers:
+            ready = httpx.get(f"{url}/readyz", timeout=2).json()
+            if ready.get("status") == "ready" and ready.get("workers_ready") == workers:
                 return process, url
         except (httpx.HTTPError, ValueError):
             pass

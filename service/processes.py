@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -64,13 +64,18 @@ class ProcessPool:
         self.initargs = initargs
         self.pending = 0
         self._executor: ProcessPoolExecutor | None = None
+        self._starting: list[Future] = []
         self._lock = threading.Lock()
 
     def start(self) -> None:
         """Start the processes now (they import what they need while nothing waits on them)."""
         executor = self._get()
-        for _ in range(self.workers):
-            executor.submit(time.sleep, 0)
+        self._starting = [executor.submit(time.sleep, 0) for _ in range(self.workers)]
+
+    @property
+    def started(self) -> bool:
+        """Every process started by :meth:`start` has run its initializer (no request waits for one)."""
+        return bool(self._starting) and all(future.done() for future in self._starting)
 
     async def run(self, timeout_s: float, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)`` in a pool process; PoolBusy when ``max_pending`` calls are under way,

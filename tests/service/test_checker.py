@@ -100,3 +100,26 @@ def test_a_child_exits_when_its_parent_dies() -> None:
     while pid_alive(child):
         assert time.monotonic() < deadline, "the child outlived its parent"
         time.sleep(0.05)
+
+
+def test_a_pool_says_it_has_started_once_its_initializers_have_run() -> None:
+    """/readyz answers 'not ready' until the checkers have started: a first request never waits for one."""
+    pool = ProcessPool("test", workers=1, max_pending=1, initializer=_slow_start, initargs=(1.0,))
+    try:
+        assert not pool.started  # not asked to start
+        pool.start()
+        assert not pool.started  # its initializer is still sleeping
+        deadline = time.monotonic() + 60
+        while not pool.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        began = time.perf_counter()
+        assert asyncio.run(pool.run(30, os.getpid)) != os.getpid()
+        assert time.perf_counter() - began < 0.5  # it did not wait for a start
+    finally:
+        pool.close()
+
+
+def _slow_start(parent: int, seconds: float) -> None:
+    exit_with_parent(parent)
+    time.sleep(seconds)

@@ -1,6 +1,6 @@
-"""``/healthz`` (the process answers), ``/readyz`` (store reachable and migrated, a solver worker up: open
-as a bare status; its details, with host names and process ids, need the ``metrics`` scope), ``/metrics``
-(Prometheus, ``metrics`` scope)."""
+"""``/healthz`` (the process answers), ``/readyz`` (store reachable and migrated, a solver worker up, the
+checkers started: open as a bare status; its details, with host names and process ids, need the ``metrics``
+scope), ``/metrics`` (Prometheus, ``metrics`` scope)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ def readyz(
     runner = request.app.state.runner
     if settings.workers > 0 and runner.ready_workers == 0:
         problems.append("workers: no solver worker is ready")
+    checker = request.app.state.checker
+    if not checker.ready:
+        problems.append("checkers: still starting")
     body: dict[str, object] = {"status": "ready" if not problems else "not ready"}
     if principal is not None and principal.may(METRICS):
         body.update(
@@ -46,6 +49,7 @@ def readyz(
             workers_ready=runner.ready_workers,
             worker_processes=runner.worker_states(),
             workers=settings.workers,
+            checkers_ready=checker.ready,
         )
     return JSONResponse(body, status_code=200 if not problems else 503)
 
