@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.planned_step import PlanMismatch, check_plan
-from runtime.worker import CheckFailed, RunOptions, check_world, load_plan
+from runtime.worker import CheckFailed, RunOptions, check_world, load_plan, model_mismatch
 
 #: Exit codes of `autoshard run`.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -43,6 +43,7 @@ def check_before_start(options: RunOptions, nproc: int | None) -> int:
     check_plan(plan)
     world = int(os.environ["WORLD_SIZE"]) if in_torchrun() else (nproc or math.prod(plan["mesh"]["shape"]))
     check_world(plan, world)
+    check_model_builds(plan, options.model)
     if options.load and not (Path(options.load) / ".metadata").is_file():
         raise PlanMismatch(f"--load: {options.load} holds no checkpoint")
     if options.backend not in ("gloo", "nccl"):
@@ -50,6 +51,21 @@ def check_before_start(options: RunOptions, nproc: int | None) -> int:
     if options.device not in ("cpu", "cuda"):
         raise PlanMismatch(f"--device: unknown device {options.device!r}; choose cpu or cuda")
     return world
+
+
+def check_model_builds(plan: dict[str, Any], model: str) -> None:
+    """Refuse a named model the plan's shapes and options do not build, built here on the meta device
+    (nothing allocated) before any rank starts. A factory (``path:function``) fixes its own device, so it is
+    built only by the ranks, which refuse it the same way."""
+    if ":" in model:
+        return
+    from strategies.plan.planner import PlanRequest, build_request_model
+
+    request = PlanRequest(**plan["request"])
+    try:
+        build_request_model(request, model, request.layers, "meta")
+    except ValueError as error:
+        raise model_mismatch(request.model, model, error) from error
 
 
 def run(options: RunOptions, nproc: int | None = None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -76,7 +77,6 @@ def make_optimizer(name: str, parameters: Iterable[torch.nn.Parameter], lr: floa
 
 def run_rank(options: RunOptions) -> dict[str, Any]:
     """Everything one rank does (the process group is up); the report (the same on every rank)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
     from strategies.graph.capture import input_tensors
@@ -84,9 +84,7 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
     plan = load_plan(options.plan)
     check_plan(plan)
     check_world(plan, dist.get_world_size())
-    mesh = init_device_mesh(
-        options.device, tuple(plan["mesh"]["shape"]), mesh_dim_names=tuple(plan["mesh"]["axis_names"])
-    )
+    mesh = device_mesh(options.device, tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
     spec, applied, reference = _build_and_apply(options, plan, mesh)
     inputs = input_tensors(spec.example_inputs)
     parameters = applied.parameters
@@ -192,6 +190,16 @@ def _collective_counts(comm: Any) -> dict[str, int]:
     return counts
 
 
+@functools.cache
+def device_mesh(device: str, shape: tuple[int, ...], axis_names: tuple[str, ...]) -> Any:
+    """The device mesh of this layout, made once per process: each axis is a process group that is never
+    freed (DTensor's caches keep meshes by value, so destroying one breaks the next run), and a process that
+    runs plan after plan would otherwise gather idle groups and their threads."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device, shape, mesh_dim_names=axis_names)
+
+
 def check_world(plan: dict[str, Any], world: int) -> None:
     """Refuse a run whose number of ranks is not the plan's mesh size."""
     shape = plan["mesh"]["shape"]
@@ -220,10 +228,13 @@ def _build_and_apply(
     except PlanMismatch:
         raise
     except ValueError as error:  # the plan's shapes and options do not build this model
-        raise PlanMismatch(
-            f"model: the plan was made for {request.model}, it does not build {options.model}: {error}"
-        ) from error
+        raise model_mismatch(request.model, options.model, error) from error
     return spec, applied, reference
+
+
+def model_mismatch(planned: str, named: str, error: ValueError) -> PlanMismatch:
+    """The refusal of a model the plan was not made for."""
+    return PlanMismatch(f"model: the plan was made for {planned}, it does not build {named}: {error}")
 
 
 @dataclass

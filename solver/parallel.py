@@ -100,7 +100,13 @@ class ForkedSearch:
                     break
             self._process.join(timeout=0.5)
             if self._process.is_alive():
+                # a child forked while another thread held a lock (a process group's, the allocator's) can
+                # hang on its way out: ended here and reaped, so no process outlives `stop`
                 self._process.terminate()
+                self._process.join(timeout=1.0)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
             self._ended = True
         return None if self.best is None else (self.cost, self.best)
 

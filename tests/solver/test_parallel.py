@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -22,6 +23,14 @@ from tests.solver.random_problems import brute_force, large_problem, tight_probl
 pytestmark = pytest.mark.skipif(not can_fork(), reason="forked searches need the fork start method")
 
 
+@pytest.fixture
+def started_here() -> Callable[[], list[multiprocessing.process.BaseProcess]]:
+    """The child processes alive now that were not alive when the test began (the session's gloo ranks, shared
+    between tests, are children too and stay)."""
+    before = {child.pid for child in multiprocessing.active_children()}
+    return lambda: [child for child in multiprocessing.active_children() if child.pid not in before]
+
+
 def _counting_down(channel: Channel) -> tuple[float, np.ndarray]:
     """Finds 10, 9, ..., 1 as fast as it can (most wait for the send interval), then 0.5 a while later."""
     for cost in range(10, 0, -1):
@@ -31,7 +40,9 @@ def _counting_down(channel: Channel) -> tuple[float, np.ndarray]:
     return 0.5, np.zeros(3, dtype=np.int64)
 
 
-def test_answers_arrive_while_the_search_runs_and_stop_returns_the_best() -> None:
+def test_answers_arrive_while_the_search_runs_and_stop_returns_the_best(
+    started_here: Callable[[], list],
+) -> None:
     search = ForkedSearch(_counting_down)
     deadline = time.monotonic() + 5
     seen = []
@@ -44,7 +55,7 @@ def test_answers_arrive_while_the_search_runs_and_stop_returns_the_best() -> Non
     cost, best = search.stop()  # type: ignore[misc]
     assert cost == 0.5 and best.tolist() == [0, 0, 0]
     assert search.poll() is None
-    assert not multiprocessing.active_children()
+    assert not started_here()
 
 
 def _forever(channel: Channel) -> tuple[float, np.ndarray]:
@@ -54,25 +65,25 @@ def _forever(channel: Channel) -> tuple[float, np.ndarray]:
     return 2.0, np.ones(2, dtype=np.int64)
 
 
-def test_stop_ends_a_search_that_would_run_on() -> None:
+def test_stop_ends_a_search_that_would_run_on(started_here: Callable[[], list]) -> None:
     search = ForkedSearch(_forever)
     time.sleep(0.3)
     started = time.monotonic()
     cost, best = search.stop()  # type: ignore[misc]
     assert time.monotonic() - started < 2.0
     assert (cost, best.tolist()) == (2.0, [1, 1])
-    assert not multiprocessing.active_children()
+    assert not started_here()
 
 
-def test_a_search_dropped_without_stop_is_told_to_stop() -> None:
+def test_a_search_dropped_without_stop_is_told_to_stop(started_here: Callable[[], list]) -> None:
     search = ForkedSearch(_forever)
     time.sleep(0.3)
     del search
     gc.collect()
     deadline = time.monotonic() + 5
-    while multiprocessing.active_children() and time.monotonic() < deadline:
+    while started_here() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not multiprocessing.active_children()
+    assert not started_here()
 
 
 def test_an_offered_answer_is_taken_only_when_cheaper_and_within_memory() -> None:
@@ -98,7 +109,9 @@ def test_an_offered_answer_is_taken_only_when_cheaper_and_within_memory() -> Non
     assert take_offered(core, best, best_cost, lambda: None)[1] == best_cost
 
 
-def test_a_background_heuristic_sends_feasible_improving_answers_and_the_portfolio_reads_them() -> None:
+def test_a_background_heuristic_sends_feasible_improving_answers_and_the_portfolio_reads_them(
+    started_here: Callable[[], list],
+) -> None:
     problem = large_problem(np.random.default_rng(2), nodes=1_500)
     core = compact(problem)
     search = background_search(core, time_limit=3.0, seed=1)
@@ -123,11 +136,11 @@ def test_a_background_heuristic_sends_feasible_improving_answers_and_the_portfol
     assert answer is not None and evaluate(problem, core.lift(answer)).feasible
     assert core.cost(answer) == pytest.approx(min(reported))
     assert other.stop() is not None  # left running by the portfolio, stopped here
-    assert not multiprocessing.active_children()
+    assert not started_here()
 
 
 def test_solve_in_lns_mode_searches_on_the_second_core_and_leaves_no_process(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, started_here: Callable[[], list]
 ) -> None:
     import solver.solve as pipeline
 
@@ -138,4 +151,4 @@ def test_solve_in_lns_mode_searches_on_the_second_core_and_leaves_no_process(
     evaluation = evaluate(problem, result.solution)
     assert evaluation.feasible and evaluation.cost == pytest.approx(result.cost)
     assert result.bound <= result.cost
-    assert not multiprocessing.active_children()
+    assert not started_here()
