@@ -44,8 +44,16 @@ demo: setup
 	@echo "== autoshard plan: a 2-layer MLP on a mesh of 4 with a big batch (data parallel is optimal) =="
 	$(BIN)/autoshard plan --model mlp --mesh 4 --batch 65536 --out results-plan-mlp.json --time-limit 30 --quiet
 
+# Two test processes share the two cores (a test mostly waits on its ranks, servers or subprocesses: one
+# process used 1.2 cores); each module stays in one process, so its shared ranks and servers are made once.
+# The tests marked `alone` measure latency and run afterwards with nothing beside them.
+TEST_PROCESSES ?= 2
+
 test: setup postgres chromium
-	$(BIN)/python -m pytest
+	status=0; \
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not alone" || status=$$?; \
+	$(BIN)/python -m pytest -m alone || status=$$?; \
+	exit $$status
 
 # The public contest instances A, M, S: from IOPDDL_DATA (or $AUTOSHARD_IOPDDL_DATA, or ../shared beside the clone).
 # With IOPDDL_WINNER=BIN (or $AUTOSHARD_IOPDDL_WINNER): side by side with the contest winner's binary, every

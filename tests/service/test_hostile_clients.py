@@ -353,6 +353,7 @@ def test_a_body_with_a_10_mib_junk_field_is_refused_and_not_stored(
     assert sum(path.stat().st_size for path in folder.glob("autoshard.db*")) - size < 2**20
 
 
+@pytest.mark.alone
 def test_large_graphs_are_checked_off_the_event_loop(
     server: ServerProcess, health: HealthWatch, big_graph: dict[str, Any]
 ) -> None:
@@ -377,6 +378,7 @@ def test_large_graphs_are_checked_off_the_event_loop(
     assert window.worst_s < HEALTHZ_LIMIT_S, sorted(window.samples)[-5:]
 
 
+@pytest.mark.alone
 def test_a_deep_built_in_model_is_checked_off_the_event_loop(
     server: ServerProcess, health: HealthWatch
 ) -> None:
