@@ -292,6 +292,7 @@ PROBES: list[tuple[str, str, Any, dict[str, Any], str, str]] = [
 ]
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize(
     ("name", "path", "body", "query", "field", "fragment"), PROBES, ids=[p[0] for p in PROBES]
 )
