@@ -27,11 +27,11 @@ from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_paren
 
 log = logging.getLogger("autoshard.checker")
 WALL_TIMEOUT_FACTOR = 3.0
-# checkers run below the server (Unix niceness, 19 the lowest priority): checking is background work
-CHECKER_NICENESS = 10
 """A check's wall-clock limit is this many times its CPU limit (plus a start-up allowance): past it the
 checker is stuck (in native code the CPU timer cannot interrupt) or starved, and is replaced."""
 START_ALLOWANCE_S = 60.0
+# checkers run below the server (Unix niceness, 19 the lowest priority): checking is background work
+CHECKER_NICENESS = 10
 # a checker's first check, of a tiny built-in plan, made while it starts
 WARM_UP_LIMITS = Limits(max_graph_bytes=0, max_time_limit_s=1e9, max_search_candidates=1, max_job_solver_s=1)
 
