@@ -191,10 +191,11 @@ def _collective_counts(comm: Any) -> dict[str, int]:
 
 
 @functools.cache
-def device_mesh(device: str, shape: tuple[int, ...], axis_names: tuple[str, ...]) -> Any:
-    """The device mesh of this layout, made once per process: each axis is a process group that is never
-    freed (DTensor's caches keep meshes by value, so destroying one breaks the next run), and a process that
-    runs plan after plan would otherwise gather idle groups and their threads."""
+def device_mesh(device: str, shape: tuple[int, ...], axis_names: tuple[str, ...] | None = None) -> Any:
+    """The device mesh of this layout (its axes unnamed without ``axis_names``), made once per process: each
+    axis is a process group that is never freed (DTensor's caches keep meshes by value, so destroying one
+    breaks the next run), and a process that runs plan after plan would otherwise gather idle groups and
+    their threads."""
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh(device, shape, mesh_dim_names=axis_names)

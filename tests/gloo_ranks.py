@@ -9,8 +9,8 @@ or :class:`RankError` with the exception's last line and traceback. The ranks jo
 each (two cores, four ranks) and register autoshard's rules with DTensor before saying they are ready. A job
 that takes longer than `JOB_TIMEOUT_S`, or whose rank dies, fails the caller instead of hanging it.
 
-Jobs keep their device meshes (`runtime.worker.device_mesh`, the conformance modules' own): each mesh axis is
-a gloo group with threads that wake while idle, and a mesh made per job left ~100 in every rank by the end of
+Jobs take their device meshes from `runtime.worker.device_mesh`, one per layout per rank: each mesh axis is a
+gloo group with threads that wake while idle, and a mesh made per job left ~100 in every rank by the end of
 the runtime tests, slowing every test after.
 """
 

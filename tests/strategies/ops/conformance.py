@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from runtime.worker import device_mesh
 from strategies.cost.mesh import make_mesh
 from strategies.ops.generate import op_strategies
 from strategies.tensor_meta import TensorMeta
@@ -133,16 +134,10 @@ def gloo(ranks: GlooRanks) -> ProcessGroup:
 
 # ---------------------------------------------------------------------------------------------- ranks
 
-_MESHES: dict[tuple[int, ...], Any] = {}
-
 
 def _check_job(case: Case, mesh_shape: tuple[int, ...], strategies: list[tuple[list, list]]) -> list[str]:
-    """One rank's share of checking ``case``: the mesh is made once per shape and kept."""
-    if mesh_shape not in _MESHES:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        _MESHES[mesh_shape] = init_device_mesh("cpu", mesh_shape)
-    return _check_case(case, _MESHES[mesh_shape], strategies)
+    """One rank's share of checking ``case``, on the rank's one mesh of that shape."""
+    return _check_case(case, device_mesh("cpu", mesh_shape), strategies)
 
 
 def _global_tensor(arg: Any, gen: torch.Generator) -> Any:
