@@ -24,6 +24,7 @@ always feasible.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,8 +71,11 @@ def peak_lns(
     region_columns: int = REGION_COLUMNS,
     on_incumbent: Callable[[float, np.ndarray], None] | None = None,
     max_columns: int = MAX_COLUMNS,
+    bound: float = -math.inf,
+    relative_gap: float = 0.0,
 ) -> tuple[np.ndarray, PeakStats]:
-    """Improve ``incumbent`` (feasible) region by region until ``deadline``, a `time.perf_counter()` value."""
+    """Improve ``incumbent`` (feasible) region by region until ``deadline``, a `time.perf_counter()` value,
+    or until its cost is proven within ``relative_gap`` of ``bound`` (a lower bound of the whole program)."""
     rng = np.random.default_rng(seed)
     solver = get_backend(backend)
     layout = _Layout(problem)
@@ -81,7 +85,7 @@ def peak_lns(
     regions = improved = peak_improved = 0
     if len(layout.free) == 0:
         return current, PeakStats(0, 0, 0, int(budget), cost)
-    while time.perf_counter() < deadline - 0.25:
+    while time.perf_counter() < deadline - 0.25 and cost - bound > relative_gap * abs(cost):
         at_peak = layout.num_rows > 0 and rng.random() < PEAK_SHARE
         seeds = layout.peak_seeds(current, rng) if at_peak else np.array([rng.choice(layout.free)])
         region = layout.grow(seeds, int(budget), rng)
