@@ -118,7 +118,8 @@ def check_plan(plan: Mapping[str, Any], mesh_shape: Sequence[int] | None = None)
 
 
 def _placements(texts: Sequence[str] | None) -> Placements | None:
-    return None if texts is None else to_dtensor(parse_spec(texts))
+    """DTensor placements of a spec; ``None`` for an input the op does not read (``*`` on some axis)."""
+    return None if texts is None or "*" in texts else to_dtensor(parse_spec(texts))
 
 
 OTHER_MODEL = "model: the plan was made for another model"

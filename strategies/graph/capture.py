@@ -8,6 +8,10 @@ abort in SDPA on a CPU-only build). The result, a :class:`JointGraph`, names the
 nodes (parameters, buffers, inputs, loss, gradients) and the module each op came from; ``op_calls``
 then reads each op node the way ``op_strategies`` takes it.
 
+Mixture-of-experts layers are traced in float32 with shapes bounded by every token going to each of its
+chosen experts (:mod:`strategies.graph.experts`); other code whose shapes depend on tensor values stops
+the capture with one line naming the innermost module that was running.
+
 Module paths. ``make_fx(record_module_stack=True)`` gives forward nodes ``meta["nn_module_stack"]``
 (module path -> (path, class), outermost first). Backward nodes get none, so while tracing, a pre-hook
 on every autograd node of the step tags the ops its backward emits with the forward op's ``seq_nr`` (what
@@ -30,11 +34,13 @@ import torch
 import torch.fx.config as fx_config
 import torch.fx.traceback as fx_traceback
 from torch import fx, nn
+from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.func import functional_call
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from strategies.graph.experts import experts_capture
 from strategies.tensor_meta import TensorMeta, flatten_outputs
 
 LossFn = Callable[[Any], torch.Tensor]
@@ -143,11 +149,20 @@ def capture_step(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) 
         return loss, torch.autograd.grad(loss, wrt, materialize_grads=True)
 
     step._orig_mod = module  # type: ignore[attr-defined]  # the root of make_fx's module stack
+    innermost = _InnermostModule(module)
     with fx_traceback.preserve_node_meta(), _no_stack_traces(), _use_lazy_graph_module(True):
         try:
-            gm = make_fx(step, tracing_mode="fake", record_module_stack=True)(params, buffers, *fake_inputs)
+            with experts_capture(module), innermost:
+                trace = make_fx(step, tracing_mode="fake", record_module_stack=True)
+                gm = trace(params, buffers, *fake_inputs)
         except ValueError:  # bad input, named (a loss that is not a scalar): as it is
             raise
+        except DynamicOutputShapeException as error:
+            raise CaptureError(
+                f"model: {innermost.describe()} computes a shape from tensor values ({error.func}), which "
+                "capture cannot bound; make its shapes follow from the input shapes (mixture-of-experts: "
+                "every token to each chosen expert, or a fixed expert capacity; README, Mixture of experts)"
+            ) from error
         except Exception as error:
             message = (str(error).strip().splitlines() or [""])[0]
             raise CaptureError(
@@ -204,6 +219,40 @@ def _fake(t: torch.Tensor, mode: Any, requires_grad: bool = False) -> torch.Tens
     with mode:
         out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
     return out.requires_grad_(requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex))
+
+
+class _InnermostModule:
+    """While entered, the qualified name of the innermost module whose forward is running: the one to name
+    when tracing fails inside it (forward hooks on every submodule, removed on exit; a forward that raises
+    runs no post-hook, so the failing module stays on top)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.running: list[str] = []
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _InnermostModule:
+        for name, sub in self.module.named_modules():
+            self.handles.append(sub.register_forward_pre_hook(functools.partial(self._enter, name)))
+            self.handles.append(sub.register_forward_hook(self._leave))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _enter(self, name: str, module: nn.Module, args: Any) -> None:
+        self.running.append(name)
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.running:
+            self.running.pop()
+
+    def describe(self) -> str:
+        """``layers.0.mlp.experts (MixtralExperts)``, or the root's class when no submodule was running."""
+        name = self.running[-1] if self.running else ""
+        return f"{name or 'the model'} ({type(self.module.get_submodule(name)).__name__})"
 
 
 @contextmanager

@@ -29,6 +29,9 @@ shape ``[*lead, *rest]`` with at least two leading dims (several trailing dims, 
 gradient flattened to ``[B*S, H*D]``, are merged by one ``[B, S, H*D]`` view) and every user of the
 matmul views it back to ``[*lead, ...]``. Every other node is kept; nodes the rewrite leaves unused are
 removed.
+
+:func:`capture_for_planning` runs, before these, :func:`strategies.graph.experts.explicit_expert_groups`:
+the experts' grouped products with their group starts made explicit, so experts can be sharded.
 """
 
 from __future__ import annotations
@@ -75,8 +78,10 @@ def capture_for_planning(module: torch.nn.Module, inputs: Any, loss_fn: Any = No
     """One training step captured (:func:`~strategies.graph.capture.capture_step`) and rewritten by the
     passes the planner plans on: the graph a plan names, node for node."""
     from strategies.graph.capture import capture_step
+    from strategies.graph.experts import explicit_expert_groups
 
     graph = capture_step(module, inputs, loss_fn)
+    explicit_expert_groups(graph.gm)
     expose_sequence_dims(graph.gm)
     exact_mean_losses(graph.gm)
     graph.refresh()

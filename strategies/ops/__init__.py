@@ -10,6 +10,7 @@ from strategies.ops import (  # noqa: F401  (importing a family registers its ru
     attention_ops,
     einsum_ops,
     embedding_ops,
+    grouped_mm_ops,
     math_ops,
     matrix_ops,
     pointwise_ops,

@@ -1,7 +1,8 @@
 """Registers autoshard's rules with DTensor for ops DTensor has no sharding strategy for.
 
 DTensor cannot run the CPU flash-attention kernels (``_scaled_dot_product_flash_attention_for_cpu`` and its
-backward) on DTensors: its sharding propagator has no strategy for them. :func:`register_with_dtensor` gives
+backward) on DTensors: its sharding propagator has no strategy for them, nor for autoshard's own ops
+(``autoshard::einsum``, ``autoshard::grouped_mm``). :func:`register_with_dtensor` gives
 it one built from autoshard's own strategy list (:func:`strategies.ops.generate.op_strategies`), so the
 placements a plan picks are exactly the ones DTensor accepts: one source of truth.
 
@@ -20,6 +21,7 @@ import torch
 from strategies.cost.mesh import make_mesh
 from strategies.ops.einsum_ops import EINSUM
 from strategies.ops.generate import OpStrategies, op_strategies
+from strategies.ops.grouped_mm_ops import GROUPED_MM
 from strategies.placement import NONE, to_dtensor
 from strategies.tensor_meta import TensorMeta
 
@@ -29,6 +31,7 @@ BRIDGED_OPS = (
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
     EINSUM,
+    GROUPED_MM,
 )
 """Ops DTensor runs with autoshard's strategies."""
 

@@ -1,5 +1,6 @@
-"""Matrix products: ``t``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``dot``, the float8 ``_scaled_mm``, the
-mixture-of-experts ``_grouped_mm``, and ``constant_pad_nd`` (PyTorch's ``_matrix_ops.py``)."""
+"""Matrix products: ``t``, ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``dot``, the float8 ``_scaled_mm``, and
+``constant_pad_nd`` (PyTorch's ``_matrix_ops.py``; the experts' ``_grouped_mm`` is in
+:mod:`strategies.ops.grouped_mm_ops`)."""
 
 from __future__ import annotations
 
@@ -90,37 +91,6 @@ def scaled_mm_rules(info: OpInfo) -> list[Row]:
             continue
         rows.append([out, a, b, *codes])
     return rows
-
-
-# --------------------------------------------------------------------------------------- _grouped_mm
-
-_GROUPED_MM: dict[tuple[int, int], tuple[str, tuple[int, int] | None]] = {
-    (2, 3): ("mk,gkn->mn", (0, 0)),
-    (3, 2): ("gmk,kn->mn", (1, 1)),
-    (2, 2): ("mk,kn->gmn", (0, 1)),
-    (3, 3): ("gmk,gkn->gmn", None),
-}
-"""Per (``self.ndim``, ``mat2.ndim``): the einsum of one group, and the (operand, dim) that ``offs`` cuts
-into groups (rows of ``self`` for 2d x 3d, columns of ``mat2`` for 3d x 2d, the shared ``K`` for 2d x 2d)."""
-
-
-@register(aten._grouped_mm.default)
-def grouped_mm_rules(info: OpInfo) -> list[Row]:
-    """Groups of matrix products: the einsum rows minus any cut of the grouped dim, whose group boundaries
-    (``offs``, kept whole) are global offsets; plus one operand partial, the other whole (linearity).
-
-    The 16-byte stride alignment the kernels require of the local operands is not checked here: a rule
-    filter does not see the mesh sizes that determine local sizes.
-    """
-    self_, mat2, *rest = info.inputs
-    if info.arg(3, "bias") is not None:
-        return []
-    equation, grouped = _GROUPED_MM[(self_.ndim, mat2.ndim)]
-    rows = [*einsum_rules(equation), [P, P, R], [P, R, P]]
-    if grouped is not None:
-        operand, dim = grouped
-        rows = [row for row in rows if row[1 + operand] != dim]
-    return [[*row, *(R for _ in rest)] for row in rows]
 
 
 # ------------------------------------------------------------------------------------ constant_pad_nd
