@@ -12,6 +12,9 @@ DTensor's own propagation picks the same strategies:
 3. each output's placement is compared with the plan's; an op that came out elsewhere is recorded in
    ``deviations`` (the plan was not what ran).
 
+A random op (dropout's ``bernoulli_``) runs instead on the whole tensor on every rank, each keeping its piece,
+so its numbers are one process's (:mod:`runtime.random_ops`).
+
 The step returns the loss and the gradients, each gradient redistributed to its parameter's placement (the
 gradient reduction the plan priced), so any torch optimizer steps on the DTensor parameters.
 """
@@ -30,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from runtime import random_ops
 from strategies.graph.capture import JointGraph
 from strategies.placement import parse_spec, to_dtensor
 from strategies.plan.plan_json import PLAN_VERSION
@@ -335,7 +339,12 @@ class PlannedStep:
         if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type != self.mesh.device_type:
             kwargs["device"] = torch.device(self.mesh.device_type)  # captured on CPU fakes, run on the mesh's
         try:
-            result = _call(node.target, args, kwargs)
+            if random_ops.draws_random(node.target, args, kwargs):  # as one process draws it, cut to pieces
+                result, whole = random_ops.run_whole(node, args, kwargs)
+                live.add(whole)
+                live.remove(whole)
+            else:
+                result = _call(node.target, args, kwargs)
         except Exception as error:  # name the op: DTensor's own message does not
             held = [list(map(str, p)) if p is not None else None for p in planned.inputs]
             raise RuntimeError(f"op {node.name} ({node.target}) on inputs {held} failed: {error}") from error
@@ -436,7 +445,9 @@ class AppliedPlan:
 
     ``forward_backward(inputs)`` runs one planned step on the inputs (global tensors every rank holds alike;
     each rank keeps its part), leaves each gradient in ``parameters[name].grad``, ready for any torch
-    optimizer built over ``parameters.values()``, and returns the loss, gradients and deviations.
+    optimizer built over ``parameters.values()``, and returns the loss, gradients and deviations. Random ops
+    (dropout) draw from torch's default generator, which must be in the same state on every rank (seed them
+    alike, e.g. ``runtime.random_ops.seed_step``): each rank keeps its piece of the same whole draw.
     """
 
     step: PlannedStep

@@ -29,6 +29,10 @@ def report_text(report: dict[str, Any]) -> str:
             f"  {d['node']} output {d['output']}: planned {d['planned']}, ran {d['actual']}"
             for d in report["deviations"][:10]
         ]
+    drawn = report.get("random_ops", {}).get("ops")
+    if drawn:  # which path the random ops took (runtime/random_ops.py)
+        ops = ", ".join(f"{count} {op}" for op, count in drawn.items())
+        lines += ["", f"random ops: {ops}; {report['random_ops']['path']}"]
     if report["checked"]:
         lines += ["", "check: loss, gradients and parameters equal one process"]
     return "\n".join(lines)

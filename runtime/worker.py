@@ -6,10 +6,13 @@ and runs it with :class:`~runtime.planned_step.PlannedStep`. With ``check`` each
 steps on one process (the eager module, ``loss.backward()``, the same optimizer) and compares the loss and
 every gradient of step 0, then every parameter after the last step, within a tolerance fit for the dtype.
 DTensor's ``CommDebugMode`` counts the collectives of each step; the report puts them beside the plan's.
+Step ``k`` draws its random numbers (dropout) from ``torch.manual_seed(seed + k)``, the planned step and the
+one-process reference alike, so their masks are the same (:mod:`runtime.random_ops`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -18,7 +21,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime import checkpoint
+from runtime import checkpoint, random_ops
 from runtime.collectives import COLLECTIVE_NAMES, CountCollectives
 from runtime.planned_step import LiveBytes, PlanMismatch, apply_plan, check_plan
 
@@ -86,6 +89,9 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
     check_world(plan, dist.get_world_size())
     mesh = device_mesh(options.device, tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
     spec, applied, reference = _build_and_apply(options, plan, mesh)
+    drawn = random_ops.random_ops(applied.step.graph.order)
+    if reference is not None:
+        reference.random_ops = drawn
     inputs = input_tensors(spec.example_inputs)
     parameters = applied.parameters
     optimizer = make_optimizer(options.optimizer, parameters.values(), options.lr)
@@ -104,6 +110,7 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
     for index in range(options.steps):
         optimizer.zero_grad(set_to_none=True)
         held = _state_bytes(optimizer)
+        random_ops.seed_step(options.seed, index)  # dropout's masks: the same draws on every rank
         started = time.perf_counter()
         with CommDebugMode() as comm, CountCollectives() as sizes:
             result = applied.forward_backward(inputs)
@@ -117,6 +124,7 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
         if dist.get_rank() == 0:  # progress, as it goes
             print(f"step {index}: loss {losses[-1]:.6g} ({seconds[-1]:.3f} s)", file=sys.stderr, flush=True)
         if reference is not None:
+            random_ops.seed_step(options.seed, index)  # the draws the planned step made
             reference.step(result if index == 0 else None)
     if options.save:
         checkpoint.save(spec.module, optimizer, options.save)
@@ -143,6 +151,7 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
             "predicted_bytes": plan.get("predicted", {}).get("comm_bytes"),
         },
         "deviations": deviations,
+        "random_ops": {"ops": drawn, "path": random_ops.PATH if drawn else None},
         "memory": _memory(peak, plan),
         "checked": options.check,
     }
@@ -245,6 +254,8 @@ class Reference:
     module: torch.nn.Module
     spec: Any
     optimizer: torch.optim.Optimizer | None = None
+    random_ops: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The step's random ops by op (:func:`runtime.random_ops.random_ops`), named when a check fails."""
 
     def step(self, planned: Any = None) -> None:
         """One step; with ``planned`` (the planned step's result) compare its loss and every gradient."""
@@ -255,12 +266,27 @@ class Reference:
         loss = (self.spec.loss_fn or default_loss)(call_module(self.module, self.spec.example_inputs))
         loss.backward()
         if planned is not None:
-            _compare("loss", planned.loss.full_tensor(), loss.detach())
-            for name, gradient in planned.gradients.items():
-                held = self.module.get_parameter(name)
-                expected = torch.zeros_like(held) if held.grad is None else held.grad
-                _compare(f"{name}.grad", gradient.full_tensor(), expected)
+            with self._naming_randomness():
+                _compare("loss", planned.loss.full_tensor(), loss.detach())
+                for name, gradient in planned.gradients.items():
+                    held = self.module.get_parameter(name)
+                    expected = torch.zeros_like(held) if held.grad is None else held.grad
+                    _compare(f"{name}.grad", gradient.full_tensor(), expected)
         self.optimizer.step()
+
+    @contextlib.contextmanager
+    def _naming_randomness(self) -> Iterator[None]:
+        """A check that fails on a step with random ops says so: the draws are the first suspect."""
+        try:
+            yield
+        except CheckFailed as error:
+            if not self.random_ops:
+                raise
+            ops = ", ".join(f"{count} {op}" for op, count in self.random_ops.items())
+            raise CheckFailed(
+                f"{error}; the step draws random numbers ({ops}), which the planned step draws as one process"
+                " does: does the model draw outside its traced ops? Check with dropout off for the rest"
+            ) from error
 
     def take(self, parameters: dict[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
         """Start from the weights and optimizer state a checkpoint just gave the ranks."""
@@ -280,9 +306,10 @@ class Reference:
         differently on each layout: the tolerance grows by that much."""
         drift = 2 * options.lr * options.steps if options.optimizer == "adamw" else 0.0
         held = dict(self.module.named_parameters())
-        for name, parameter in parameters.items():
-            what = f"{name} after {options.steps} steps"
-            _compare(what, parameter.full_tensor(), held[name].detach(), extra_atol=drift)
+        with self._naming_randomness():
+            for name, parameter in parameters.items():
+                what = f"{name} after {options.steps} steps"
+                _compare(what, parameter.full_tensor(), held[name].detach(), extra_atol=drift)
 
 
 def load_plan(path: str) -> dict[str, Any]:
