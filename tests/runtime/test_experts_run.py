@@ -30,7 +30,7 @@ CASES = {
     "mixtral-16-experts-over-dp": (f"{USER_MODELS / 'hf_mixtral.py'}:factory", ["S(0)", "R"], "cpu"),
 }
 FORWARD_EXPERT_PARALLEL = {"mixtral-16-experts-over-dp"}
-"""Cases whose experts outweigh their tokens: the planner runs a forward product on each rank's experts."""
+"""Cases whose experts outweigh their tokens: the planner runs the tokens through each rank's experts."""
 
 
 def _plan(tmp: Path, name: str) -> dict:
@@ -81,8 +81,9 @@ def test_experts_sharded_over_an_axis_run_as_planned_and_equal_one_process(ranks
 
 
 def _assert_forward_expert_parallel(plan: dict) -> None:
-    """Some forward product takes the tokens whole and the weights cut by expert on an axis, its result a
-    partial sum there (reduced by an all-reduce): tokens to their experts' rank and back."""
+    """Some product of the forward or of the input gradients takes the tokens whole and the weights cut by
+    expert on an axis, its result a partial sum there (reduced by an all-reduce): tokens to their experts'
+    rank and back."""
     forward = [
         node
         for node in plan["nodes"]
