@@ -5,11 +5,16 @@ Inside `torchrun` (``RANK`` and ``WORLD_SIZE`` set) the command is one rank and 
 `torchrun`), on a free port of 127.0.0.1: a rank that fails makes the launcher stop the others, so a dead
 rank ends the run instead of hanging it, and its error comes back naming the rank. What can be refused
 before any rank starts (the plan file, its version, a mesh that needs another number of ranks) is.
+
+An expected failure (bad input, a failed check, an op DTensor cannot run as planned) ends in one line naming
+what failed and what to do: the rank marks its message, and the launcher's log of the rank's traceback is
+left out for it (a traceback stays for anything else, a bug's).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import socket
@@ -17,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runtime.planned_step import PlanMismatch, check_plan
+from runtime.planned_step import OpFailed, PlanMismatch, check_plan
 from runtime.worker import CheckFailed, RunOptions, check_world, load_plan, model_mismatch
 
 #: Exit codes of `autoshard run`.
@@ -88,10 +93,15 @@ def run(options: RunOptions, nproc: int | None = None) -> dict[str, Any]:
         monitor_interval=0.2,
         start_method="spawn",
     )
+    launcher_log = logging.getLogger(LAUNCHER_LOGGER)
+    quiet = _ExpectedFailures()
+    launcher_log.addFilter(quiet)
     try:
         reports = elastic_launch(config, rank_main)(options)
     except ChildFailedError as error:
         raise _failure(error) from None
+    finally:
+        launcher_log.removeFilter(quiet)
     return reports[0]
 
 
@@ -106,7 +116,7 @@ def rank_main(options: RunOptions) -> dict[str, Any]:
         report = run_rank(options)
     except PlanMismatch as error:
         raise RuntimeError(f"{ERROR_MARK}{EXIT_BAD_INPUT}:{error}") from None
-    except CheckFailed as error:
+    except (CheckFailed, OpFailed) as error:
         raise RuntimeError(f"{ERROR_MARK}{EXIT_FAILED}:{error}") from None
     finally:
         dist.destroy_process_group()
@@ -117,6 +127,17 @@ def rank_main(options: RunOptions) -> dict[str, Any]:
 
 #: How a rank marks the message of an expected failure (bad input, a failed check) for the launcher.
 ERROR_MARK = "autoshard-run-error:"
+
+#: The logger through which PyTorch's elastic launcher logs a failed rank's traceback.
+LAUNCHER_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+class _ExpectedFailures(logging.Filter):
+    """Drops the launcher's record of a rank's marked failure: `autoshard run` says it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return error is None or ERROR_MARK not in str(error)
 
 
 def _failure(error: Any) -> RunFailed:

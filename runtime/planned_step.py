@@ -34,8 +34,10 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from runtime import random_ops
+from runtime.plan_specs import differs, output_codes, read_placements, tensor_placements
+from runtime.replicated_ops import lacks_rule, run_replicated
 from strategies.graph.capture import JointGraph
-from strategies.placement import parse_spec, to_dtensor
+from strategies.placement import Spec, spec_text, to_dtensor
 from strategies.plan.plan_json import PLAN_VERSION
 
 Placements = tuple[Any, ...]
@@ -45,13 +47,19 @@ class PlanMismatch(ValueError):
     """The plan does not fit what it is applied to (another model, mesh, version); the message says how."""
 
 
+class OpFailed(RuntimeError):
+    """An op of the step failed on the placements the plan gave it; one line naming the op, its module and
+    what to do."""
+
+
 @dataclass(frozen=True)
 class NodePlan:
     """The placements a plan chose for one op node: per tensor argument (``None``: the op does not read it,
-    any placement will do) and per output (``None``: not a tensor)."""
+    any placement will do) and per output, as codes (``None``: not a tensor). :mod:`runtime.plan_specs` reads
+    them."""
 
     inputs: tuple[Placements | None, ...]
-    outputs: tuple[Placements | None, ...]
+    outputs: tuple[Spec | None, ...]
 
 
 @dataclass
@@ -121,9 +129,13 @@ def check_plan(plan: Mapping[str, Any], mesh_shape: Sequence[int] | None = None)
         raise PlanMismatch(f"mesh: the plan is for a mesh of shape {list(planned)}, not {list(mesh_shape)}")
 
 
-def _placements(texts: Sequence[str] | None) -> Placements | None:
-    """DTensor placements of a spec; ``None`` for an input the op does not read (``*`` on some axis)."""
-    return None if texts is None or "*" in texts else to_dtensor(parse_spec(texts))
+def _placements(texts: Sequence[str] | None, where: str) -> Placements | None:
+    """The DTensor placements of a parameter or input; a text no tensor can be placed in is the plan's
+    fault, said as such (not as another model's)."""
+    try:
+        return None if texts is None else tensor_placements(texts)
+    except ValueError as error:
+        raise PlanMismatch(f"plan: {where}: {error}; plan again with this version") from None
 
 
 OTHER_MODEL = "model: the plan was made for another model"
@@ -151,10 +163,13 @@ def node_plans(plan: Mapping[str, Any], graph: JointGraph) -> dict[str, NodePlan
             raise PlanMismatch(
                 f"{OTHER_MODEL}: node {node.name!r} is {entry['op']} in the plan, {node.target} here"
             )
-        plans[node.name] = NodePlan(
-            tuple(_placements(spec) for spec in entry["inputs"]),
-            tuple(_placements(spec) for spec in entry["output"]),
-        )
+        try:
+            plans[node.name] = NodePlan(
+                tuple(read_placements(spec) for spec in entry["inputs"]),
+                tuple(output_codes(spec) for spec in entry["output"]),
+            )
+        except ValueError as error:
+            raise PlanMismatch(f"plan: node {node.name} ({entry['op']}): {error}; plan again") from None
     if len(by_name) != len(plans):
         unknown = sorted(set(by_name) - set(plans))
         raise PlanMismatch(f"{OTHER_MODEL}: ops {', '.join(unknown[:5])} are not in it")
@@ -165,9 +180,11 @@ def check_shapes(plan: Mapping[str, Any], graph: JointGraph) -> None:
     """Refuse a plan whose placements cannot hold the graph's tensors (a shard of a dim the tensor lacks)."""
     for name, node in graph.parameters.items():
         ndim = node.meta["val"].ndim
-        for code in parse_spec(plan["parameters"][name]):
-            if code >= ndim:
-                raise PlanMismatch(f"model: parameter {name} has {ndim} dims; the plan shards dim {code}")
+        for placement in _placements(plan["parameters"][name], f"parameter {name}") or ():
+            if placement.is_shard() and placement.dim >= ndim:
+                raise PlanMismatch(
+                    f"model: parameter {name} has {ndim} dims; the plan shards dim {placement.dim}"
+                )
 
 
 def redistribute(value: DTensor, placements: Placements) -> DTensor:
@@ -202,9 +219,13 @@ class PlannedStep:
         self.graph = graph
         self.mesh = mesh
         self.parameter_placements = {
-            name: _placements(spec) for name, spec in plan["parameters"].items() if name in graph.parameters
+            name: _placements(spec, f"parameter {name}")
+            for name, spec in plan["parameters"].items()
+            if name in graph.parameters
         }
-        self.input_placements = [_placements(spec) for spec in plan.get("inputs", [])]
+        self.input_placements = [
+            _placements(spec, f"input {k}") for k, spec in enumerate(plan.get("inputs", []))
+        ]
         self.frees_after = _frees_after(graph)
         self.gradient_of: dict[fx.Node, list[str]] = {}
         for name, node in graph.gradients.items():
@@ -345,19 +366,30 @@ class PlannedStep:
                 live.remove(whole)
             else:
                 result = _call(node.target, args, kwargs)
-        except Exception as error:  # name the op: DTensor's own message does not
-            held = [list(map(str, p)) if p is not None else None for p in planned.inputs]
-            raise RuntimeError(f"op {node.name} ({node.target}) on inputs {held} failed: {error}") from error
+        except Exception as error:  # name the op and its module: DTensor's own message does not
+            raise self._failed(node, error) from error
         result = self._as_planned(result, planned.outputs)
         outputs = result if isinstance(result, (tuple, list)) else (result,)
         for k, (value, want) in enumerate(zip(outputs, planned.outputs, strict=False)):
-            if want is not None and isinstance(value, DTensor) and tuple(value.placements) != tuple(want):
+            if want is not None and isinstance(value, DTensor) and differs(value.placements, want):
                 deviations.append(
-                    Deviation(node.name, k, [str(p) for p in want], [str(p) for p in value.placements])
+                    Deviation(node.name, k, spec_text(want), [str(p) for p in value.placements])
                 )
         return result
 
-    def _as_planned(self, result: Any, outputs: tuple[Placements | None, ...]) -> Any:
+    def _failed(self, node: fx.Node, error: Exception) -> OpFailed:
+        """One line: the op, its module, the placements it was given, DTensor's first line, what to do."""
+        held = [None if p is None else [str(q) for q in p] for p in self.nodes[node.name].inputs]
+        module = self.graph.module_path.get(node.name)
+        where = f" in {module or 'the root module'}" if module is not None else ""
+        said = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        return OpFailed(
+            f"op {node.name} ({node.target}{where}) on inputs {held} failed: {said}; DTensor cannot run "
+            f"the strategy the plan chose for it (`autoshard explain PLAN {node.name}` shows it): report "
+            "it with the plan"
+        )
+
+    def _as_planned(self, result: Any, outputs: tuple[Spec | None, ...]) -> Any:
         """Plain tensors an op made from no DTensor input (a factory: ``full``, ``zeros``) become DTensors in
         their planned placements: every rank made the same full tensor, so this moves no data."""
         leaves, spec = tree_flatten(result)
@@ -367,7 +399,7 @@ class PlannedStep:
         for i, value in enumerate(leaves):
             if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
                 full = self.replicate(value)
-                leaves[i] = full if wanted[i] is None else redistribute(full, wanted[i])
+                leaves[i] = full if wanted[i] is None else redistribute(full, to_dtensor(wanted[i]))
         return tree_unflatten(leaves, spec)
 
 
@@ -417,11 +449,16 @@ def _frees_after(graph: JointGraph) -> list[list[fx.Node]]:
 
 
 def _call(op: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-    """``op(*args, **kwargs)``. A ``view`` whose input a redistribution left in another memory layout than
-    the one-process run had (an all-gather lays the gathered dim out contiguously, where SDPA's output was
-    head-major) cannot be a view of it: it runs on a contiguous copy, the same values."""
+    """``op(*args, **kwargs)``; an op DTensor has no rule for runs on the local replicas. A ``view`` whose
+    input a redistribution left in another memory layout than the one-process run had (an all-gather lays the
+    gathered dim out contiguously, where SDPA's output was head-major) cannot be a view of it: it runs on a
+    contiguous copy, the same values."""
     try:
         return op(*args, **kwargs)
+    except NotImplementedError as error:  # no DTensor rule: the plan replicated it (runtime.replicated_ops)
+        if not lacks_rule(error):
+            raise
+        return run_replicated(op, args, kwargs)
     except RuntimeError as error:
         if op is not torch.ops.aten.view.default or "view size is not compatible" not in str(error):
             raise

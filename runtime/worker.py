@@ -228,17 +228,17 @@ def _build_and_apply(
 
     request = PlanRequest(**plan["request"])
     torch.manual_seed(options.seed)
-    try:
+    try:  # only building the model can say the plan was made for another: reading the plan says its own
         spec = build_request_model(request, options.model, request.layers, options.device)
-        reference = Reference(copy.deepcopy(spec.module), spec) if options.check else None
         short = None
         if "layers" in plan:  # planned from a short capture: the same capture, to map every layer onto it
             short, _ = capture_request(request, int(plan["layers"]["captured"]))
-        applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn, short_graph=short)
     except PlanMismatch:
         raise
     except ValueError as error:  # the plan's shapes and options do not build this model
         raise model_mismatch(request.model, options.model, error) from error
+    reference = Reference(copy.deepcopy(spec.module), spec) if options.check else None
+    applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn, short_graph=short)
     return spec, applied, reference
 
 

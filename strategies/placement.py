@@ -62,9 +62,13 @@ def spec_text(spec: Iterable[int]) -> list[str]:
     return [code_text(int(c)) for c in spec]
 
 
-def parse_code(text: str) -> int:
-    """The inverse of :func:`code_text`; also accepts ``Shard(1)``/``Replicate()``/``Partial()``."""
+def parse_code(text: str, *, unread: bool = False) -> int:
+    """The inverse of :func:`code_text`; also accepts ``Shard(1)``/``Replicate()``/``Partial()``. ``*``
+    (``NONE``) only with ``unread``: it is a strategy's mark for an input the op does not read, which a plan
+    writes in its op nodes' inputs, never a placement a tensor can be given."""
     t = text.strip().replace(" ", "")
+    if t == "*" and unread:
+        return NONE
     if t in ("R", "Replicate()"):
         return R
     if t in _TEXT_PARTIAL:
@@ -77,8 +81,8 @@ def parse_code(text: str) -> int:
     raise ValueError(f"not a placement: {text!r} (expected S(d), R, P, P(avg), P(max) or P(min))")
 
 
-def parse_spec(texts: Sequence[str]) -> Spec:
-    return tuple(parse_code(t) for t in texts)
+def parse_spec(texts: Sequence[str], *, unread: bool = False) -> Spec:
+    return tuple(parse_code(t, unread=unread) for t in texts)
 
 
 def to_dtensor(spec: Iterable[int]) -> tuple:

@@ -296,7 +296,7 @@ def _match(node: ProblemNode, outputs: Sequence[Any], inputs: Sequence[Any] | No
 def _codes(spec: Sequence[str]) -> np.ndarray:
     from strategies.placement import parse_spec
 
-    return np.asarray(parse_spec(list(spec)), dtype=np.int64)
+    return np.asarray(parse_spec(list(spec), unread=True), dtype=np.int64)
 
 
 # --------------------------------------------------------------------------------------------- pricing

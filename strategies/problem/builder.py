@@ -21,10 +21,11 @@ given and ``share_layers`` is on.
 
 ``operator.getitem`` nodes are folded into their producer (consumers read the producer's output ``k``).
 Edges: per consumer tensor argument, the producer-output -> consumer-input redistribution matrix
-(:meth:`OpStrategies.redistribute_from`). Costs are stored in microseconds (``COST_UNIT_S``) so solver
-tolerances see numbers near one; memory in bytes. ``overlap`` discounts the collectives that overlap with
-compute in practice: parameter all-gathers (edges out of a parameter) and gradient reductions (edges into
-a sink) cost ``(1 - overlap)`` of their time.
+(:meth:`OpStrategies.redistribute_from`); an edge into a value an op writes in place (or into a view on the
+way to it) keeps its placement (:mod:`strategies.problem.in_place`). Costs are stored in microseconds
+(``COST_UNIT_S``) so solver tolerances see numbers near one; memory in bytes. ``overlap`` discounts the
+collectives that overlap with compute in practice: parameter all-gathers (edges out of a parameter) and
+gradient reductions (edges into a sink) cost ``(1 - overlap)`` of their time.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from strategies.cost.comm_kernel import expand_into
 from strategies.cost.mesh import Mesh
 from strategies.ops.generate import op_strategies
 from strategies.placement import NONE, R, Spec
+from strategies.problem.in_place import forbid_moves, placement_kept
 from strategies.problem.layer_repeat import LayerRepeat, cost_weights, ghost_intervals
 from strategies.problem.layer_sharing import layer_of, merge_groups, tied_layer_groups, tied_layers
 from strategies.tensor_meta import TensorMeta, flatten_outputs
@@ -82,6 +84,8 @@ class Edge:
     output: int
     argument: int
     kind: str  # activation | parameter | gradient
+    keeps_placement: bool = False
+    """The consumer writes into the value (or into a view of it): no move (:mod:`.in_place`)."""
 
 
 @dataclass
@@ -149,7 +153,9 @@ class _Builder:
         self.intervals.append((start, end))
         return len(self.nodes) - 1
 
-    def add_edge(self, producer: int, output: int, consumer: int, argument: int, kind: str) -> None:
+    def add_edge(
+        self, producer: int, output: int, consumer: int, argument: int, kind: str, keep: bool = False
+    ) -> None:
         p, c = self.nodes[producer], self.nodes[consumer]
         meta = p.outputs[output]
         assert meta is not None
@@ -157,7 +163,7 @@ class _Builder:
         dst = c.input_specs[:, argument, :]
         if (dst == NONE).all():
             return
-        self.edges.append(Edge(producer, consumer, output, argument, kind))
+        self.edges.append(Edge(producer, consumer, output, argument, kind, keep))
         self.edge_parts.append(redistribute_parts(self.mesh, meta.shape, meta.itemsize, src, dst))
 
     def edge_costs(self, weights: np.ndarray) -> list[np.ndarray]:
@@ -175,6 +181,10 @@ class _Builder:
             matrix = flat[start : start + size].reshape(len(rows), len(cols))
             factor = 1.0 - self.overlap if edge.kind in ("parameter", "gradient") else 1.0
             expand_into(table, rows, cols, factor, COST_UNIT_S, weight, matrix)
+            if edge.keeps_placement:
+                producer, consumer = self.nodes[edge.producer], self.nodes[edge.consumer]
+                src = producer.output_specs[:, edge.output, :]
+                forbid_moves(matrix, src, consumer.input_specs[:, edge.argument, :])
             matrices.append(matrix)
             start += size
         return matrices
@@ -294,6 +304,7 @@ def build_problem(
     strategies_s = time.perf_counter() - strategies_s
 
     edges_s = time.perf_counter()
+    kept = placement_kept(order)
     for node in order:
         if node.target is operator.getitem:
             continue
@@ -308,7 +319,8 @@ def build_problem(
                     "which is neither an input, parameter, buffer nor op of the step"
                 )
             kind = "parameter" if b.nodes[index_of[producer_node]].kind == "parameter" else "activation"
-            b.add_edge(index_of[producer_node], output, consumer, argument, kind)
+            keep = (node, argument) in kept
+            b.add_edge(index_of[producer_node], output, consumer, argument, kind, keep)
     gradient_nodes: dict[str, int] = {}
     for name, grad_node in gradients.items():
         source = _resolve(grad_node)

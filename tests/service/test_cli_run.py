@@ -90,6 +90,25 @@ def test_a_plan_for_another_model_exits_2_naming_it_before_any_rank_starts(mlp_p
     assert "rank" not in run.stderr
 
 
+def test_a_plan_a_rank_refuses_ends_in_its_one_line_without_a_traceback(
+    mlp_plan: Path, tmp_path: Path
+) -> None:
+    """The ranks find the fault (an op input no op reads: ``P(mask)``); the launcher's log of their
+    traceback is left out, and the last line names the node."""
+    plan = json.loads(mlp_plan.read_text())
+    node = plan["nodes"][0]
+    node["inputs"][0] = ["P(mask)", "R"]
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(plan), encoding="utf-8")
+    run = command("run", "--model", "mlp", "--plan", str(path))
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"autoshard: rank \d: plan: node {node['name']} \(.*\): .*P\(mask\).*; plan again", last
+    ), last
+
+
 def test_a_world_size_the_mesh_does_not_have_exits_2_at_once(mlp_plan: Path) -> None:
     run = command("run", "--model", "mlp", "--plan", str(mlp_plan), "--nproc", "2")
     assert run.returncode == 2
