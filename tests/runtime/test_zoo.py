@@ -25,8 +25,9 @@ from tests.strategies.models.user_models.zoo import ARCHITECTURES
 
 ZOO = Path(__file__).resolve().parents[1] / "strategies" / "models" / "user_models" / "zoo.py"
 BUDGETS = ("unconstrained", "half")
-#: Solver seconds a plan may take here; the plans of these models take a few (benchmarks/README.md).
-TIME_LIMIT = 20.0
+#: Solver seconds a plan may take here: what is tested is that the plan runs as planned, not how close to the
+#: optimum it is (`benchmarks/zoo_plans.py` measures that, with the default limit).
+TIME_LIMIT = 5.0
 
 
 def request(architecture: str, **fields: object) -> PlanRequest:
