@@ -118,7 +118,9 @@ def bert() -> Built:
     return module, {"input_ids": tokens, "labels": tokens}
 
 
-def t5() -> Built:
+def t5(dropout_rate: float = 0.1) -> Built:
+    """One encoder and one decoder layer; ``_shift_right`` writes the decoder's start token with
+    ``aten.fill_.Tensor``, an op DTensor has no rule for."""
     config = transformers.T5Config(
         vocab_size=VOCAB,
         d_model=WIDTH,
@@ -129,6 +131,7 @@ def t5() -> Built:
         num_heads=HEADS,
         decoder_start_token_id=0,
         pad_token_id=0,
+        dropout_rate=dropout_rate,
     )
     torch.manual_seed(0)
     module = transformers.T5ForConditionalGeneration(config)
