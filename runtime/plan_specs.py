@@ -50,6 +50,19 @@ def output_codes(texts: Sequence[str] | None) -> Spec | None:
     return None if texts is None else parse_spec(texts)
 
 
+def hold_mask(value: Any) -> None:
+    """Take one more hold on the mask of a ``P(mask)`` value before a reduction of it. DTensor reduces an
+    embedding's ``_MaskPartial`` output once: the reduction releases the mask of the indices this rank does
+    not hold, and a second one fails (``AssertionError`` in ``_reduce_shard_value``). A plan may read the
+    value in two placements (llama3-8b's FSDP plan: the norm reads the lookup replicated, the residual add
+    sharded), each reader reducing it: with a hold per reduction the mask (booleans of the indices' shape)
+    stays with the value until it goes."""
+    for placement in getattr(value, "placements", ()):
+        mask = getattr(placement, "mask_buffer", None)
+        if mask is not None and mask.data is not None:
+            mask.materialize_mask(mask.data)
+
+
 def differs(placements: Sequence[Any], codes: Spec) -> bool:
     """Whether DTensor placements are other than the planned ``codes`` (a ``_MaskPartial`` is ``P(mask)``)."""
     try:

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from runtime import random_ops
-from runtime.plan_specs import differs, output_codes, read_placements, tensor_placements
+from runtime.plan_specs import differs, hold_mask, output_codes, read_placements, tensor_placements
 from runtime.replicated_ops import lacks_rule, run_replicated
 from strategies.graph.capture import JointGraph
 from strategies.placement import Spec, spec_text, to_dtensor
@@ -192,6 +192,7 @@ def redistribute(value: DTensor, placements: Placements) -> DTensor:
     it: "internal use only") takes DTensor's internal local redistribution, which is what its own ops do."""
     if tuple(value.placements) == tuple(placements):
         return value
+    hold_mask(value)
     if not any(p.is_partial() for p in placements):
         return value.redistribute(value.device_mesh, placements)
     from torch.distributed.tensor._dtensor_spec import DTensorSpec
@@ -355,8 +356,10 @@ class PlannedStep:
                 return {k: placed(v) for k, v in value.items()}
             return value
 
-        args = placed(node.args)
-        kwargs = placed(node.kwargs)
+        try:  # a move DTensor cannot make fails the op, named as well
+            args, kwargs = placed(node.args), placed(node.kwargs)
+        except Exception as error:
+            raise self._failed(node, error, "moving its inputs") from error
         if isinstance(kwargs.get("device"), torch.device) and kwargs["device"].type != self.mesh.device_type:
             kwargs["device"] = torch.device(self.mesh.device_type)  # captured on CPU fakes, run on the mesh's
         try:
@@ -377,16 +380,17 @@ class PlannedStep:
                 )
         return result
 
-    def _failed(self, node: fx.Node, error: Exception) -> OpFailed:
-        """One line: the op, its module, the placements it was given, DTensor's first line, what to do."""
+    def _failed(self, node: fx.Node, error: Exception, stage: str = "") -> OpFailed:
+        """One line: the op, its module, its planned input placements, the error's first line, what to do."""
         held = [None if p is None else [str(q) for q in p] for p in self.nodes[node.name].inputs]
         module = self.graph.module_path.get(node.name)
         where = f" in {module or 'the root module'}" if module is not None else ""
-        said = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+        first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+        said = f"{type(error).__name__}: {first}" if first else type(error).__name__
         return OpFailed(
-            f"op {node.name} ({node.target}{where}) on inputs {held} failed: {said}; DTensor cannot run "
-            f"the strategy the plan chose for it (`autoshard explain PLAN {node.name}` shows it): report "
-            "it with the plan"
+            f"op {node.name} ({node.target}{where}) on inputs {held} failed{' ' + stage if stage else ''}: "
+            f"{said}; DTensor cannot run the strategy the plan chose for it (`autoshard explain PLAN "
+            f"{node.name}` shows it): report it with the plan"
         )
 
     def _as_planned(self, result: Any, outputs: tuple[Spec | None, ...]) -> Any:

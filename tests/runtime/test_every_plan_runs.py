@@ -138,12 +138,19 @@ def test_every_baseline_of_every_built_in_model_runs_and_equals_one_process(
 
 
 def test_fsdp_with_an_embedding_looked_up_row_wise_runs(ranks) -> None:
-    """The lookup's output is ``P(mask)`` (DTensor's ``_MaskPartial``): a placement only an output has."""
+    """The lookup's output is ``P(mask)`` (DTensor's ``_MaskPartial``): a placement only an output has. Read
+    in two placements (as the full-size llama3-8b's FSDP plan reads it: the norm replicated, the residual
+    add sharded; here the add is edited to read it ``S(1)``), it is reduced twice, each time masked."""
     plan = plan_model(request("llama3-8b", "4", "fsdp", **ROW_WISE)).plan
     lookup = next(node for node in plan["nodes"] if node["op"] == "aten.embedding.default")
     assert lookup["output"] == [["P(mask)"]] and lookup["inputs"][0] == ["S(0)"], lookup
-    for rank, outcomes in enumerate(ranks.run(run_plans, "llama3-8b", {"fsdp": plan})):
-        assert outcomes == {"fsdp": "ok"}, f"rank {rank}: {outcomes}"
+    two_readings = copy.deepcopy(plan)
+    residual = next(node for node in two_readings["nodes"] if node["name"] == "add_3")
+    assert residual["inputs"] == [["R"], ["R"]], residual  # the residual add reads the lookup first
+    residual["inputs"], residual["output"] = [["S(1)"], ["S(1)"]], [["S(1)"]]
+    plans = {"fsdp": plan, "read in two placements": two_readings}
+    for rank, outcomes in enumerate(ranks.run(run_plans, "llama3-8b", plans)):
+        assert outcomes == dict.fromkeys(plans, "ok"), f"rank {rank}: {outcomes}"
 
 
 def test_a_baseline_the_mesh_cannot_hold_is_refused_in_one_line() -> None:
