@@ -63,6 +63,7 @@ from solver.evaluate import evaluate
 from solver.heuristics.anytime import warm_up
 from solver.heuristics.portfolio import background_search, portfolio_solve
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
+from solver.large.generated import generate_and_solve
 from solver.large.lns import lns_improve
 from solver.large.peak import MAX_COLUMNS as PEAK_MAX_COLUMNS
 from solver.large.peak import peak_lns
@@ -116,11 +117,25 @@ BOUND_SHARE = 0.2
 LAGRANGIAN_SHARE = 0.1
 #: ... which gives up after its root when that is this far from its best answer (TRW-S is not tight there);
 LAGRANGIAN_GIVE_UP_GAP = 0.05
-#: ... then the program over its promising strategies is solved to this share of the gap asked for (0.25 of
-#: 1%: 0.08 s on the 80-layer program, against 1.6 s to optimality for the same answer) ...
+#: ... then, where its answer is proven within the gap, the program over its promising strategies is solved to
+#: this share of the gap asked for (0.25 of 1%: 0.08 s on the 80-layer program, against 1.6 s to optimality
+#: for the same answer) ...
 RESTRICTED_GAP_SHARE = 0.25
-#: ... in at most this share of the time limit.
+#: ... in at most this share of the time limit; where the gap is still open, the program over them grown by
+#: column generation (`solver.large.generated`) ...
 RESTRICTED_SHARE = 0.1
+#: ... up to this many columns in the whole program (TRW-S prices the master's strategies on it every round:
+#: 0.1-0.5 s on the 2-layer transformers at 90,000-345,000 columns, 4 s on llama3-8b on 4x4x4, 7.2M).
+GENERATION_MAX_COLUMNS = 1_000_000
+#: Where memory's price is at least this share of the root's bound (`LagrangianBranch.memory_price_share`:
+#: the 2-layer transformers at half their replicated peak 13-23%, llama3-8b plans 0-5%), the search stops at
+#: its root and column generation follows at once: branching on usage stalled there (Gemma: 6-16
+#: subproblems in 6 s, +0.002 on a 30.7 gap) and the promising strategies' program, polished to a share of
+#: the gap, took 2.4-5.6 s on GPT-2 where column generation's answer came in 1 s.
+TIGHT_PRICE_SHARE = 0.1
+#: ... and column generation gets up to this share of the time left (rather than `RESTRICTED_SHARE`): there
+#: it is the main path (T5 at half memory: 10 s of CPU to its answer within 1%).
+TIGHT_GENERATION_SHARE = 0.5
 #: Where the memory limit binds somewhere (`binding_memory_times`), the whole program gets this share of the
 #: work time after the heuristic; unless it proves its answer, large neighbourhood search around the peak
 #: (`solver.large.peak`) takes the rest from the best answer (run first, the search delayed the proofs of
@@ -214,10 +229,7 @@ def solve(
     searched: BranchResult | None = None
     if mode != HEURISTIC and core.usage_limit is not None and relative_gap > 0:
         search_deadline = now + LAGRANGIAN_SHARE * left
-        restricted_seconds = RESTRICTED_SHARE * left
-        searched = _lagrangian_search(
-            core, engine, relative_gap, search_deadline, restricted_seconds, threads, timings
-        )
+        searched = _lagrangian_search(core, engine, relative_gap, search_deadline, left, threads, timings)
         if searched is not None:
             known_bound = searched.bound
             tracker.update("lagrangian", searched.cost + reduced.constant, searched.bound + reduced.constant)
@@ -556,7 +568,7 @@ def _lagrangian_search(
     engine: str,
     relative_gap: float,
     deadline: float,
-    restricted_seconds: float,
+    left: float,
     threads: int,
     timings: dict[str, float],
 ) -> BranchResult | None:
@@ -570,7 +582,13 @@ def _lagrangian_search(
         search = LagrangianBranch(core)
     except ValueError:
         return None
-    searched = search.run(relative_gap, deadline, give_up_gap=LAGRANGIAN_GIVE_UP_GAP)
+    generation = program_size(core) <= GENERATION_MAX_COLUMNS
+    searched = search.run(
+        relative_gap,
+        deadline,
+        give_up_gap=LAGRANGIAN_GIVE_UP_GAP,
+        root_only_share=TIGHT_PRICE_SHARE if generation else math.inf,
+    )
     timings["lagrangian"] = time.perf_counter() - phase
     log.info(
         "lagrangian search: %d subproblems, %d evaluations, bound %.8g, best %.8g",
@@ -585,9 +603,33 @@ def _lagrangian_search(
     keep = search.promising_strategies()
     if searched.assignment is not None:
         chosen = searched.assignment.tolist()
-        keep = [np.union1d(kept, [s]) for kept, s in zip(keep, chosen, strict=True)]
+        keep = [np.union1d(kept, [s]).astype(np.int64) for kept, s in zip(keep, chosen, strict=True)]
     if any(len(kept) == 0 for kept in keep):  # the search ran out of time before its root's beliefs
         return searched
+    tight = search.memory_price_share >= TIGHT_PRICE_SHARE
+    if generation and (tight or not searched.within(relative_gap)):
+        generated = generate_and_solve(
+            core,
+            search,
+            keep,
+            searched.assignment,
+            searched.bound,
+            relative_gap,
+            phase + (TIGHT_GENERATION_SHARE if tight else RESTRICTED_SHARE) * left,
+            threads,
+            RESTRICTED_GAP_SHARE * relative_gap,
+        )
+        timings["restricted"] = time.perf_counter() - phase
+        log.info(
+            "column generation: %d rounds, %d strategies, bound %.8g, best %.8g",
+            generated.rounds,
+            generated.strategies,
+            generated.bound,
+            generated.cost,
+        )
+        return dataclasses.replace(
+            searched, assignment=generated.assignment, cost=generated.cost, bound=generated.bound
+        )
 
     def solve_restricted(restricted: CompactProblem, start: np.ndarray | None, deadline: float):
         gap = RESTRICTED_GAP_SHARE * relative_gap
@@ -596,7 +638,7 @@ def _lagrangian_search(
         )
         return result.assignment
 
-    answer = solve_over(core, keep, searched.assignment, phase + restricted_seconds, solve_restricted)
+    answer = solve_over(core, keep, searched.assignment, phase + RESTRICTED_SHARE * left, solve_restricted)
     timings["restricted"] = time.perf_counter() - phase
     if answer is None:
         return searched
