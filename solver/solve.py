@@ -1,10 +1,22 @@
 """Solve a `Problem`: reductions, a heuristic incumbent, an exact backend, a certificate.
 
 Pipeline: `reductions.reduce` -> `compact` (groups become super nodes) -> with a memory limit and a gap to
-meet, first the Lagrangian search over TRW-S (`_lagrangian_search`: a bound without any LP, and the program
-over the strategies it found promising solved exactly); when that proves the gap, it is the answer ->
-otherwise `heuristic_solve` (anytime, feasible incumbent in seconds; before a whole-program backend it
-stops once stale) -> then, by size:
+meet, first the Lagrangian search over TRW-S (`_lagrangian_search`: a bound without any LP), then the program
+over the strategies it found promising:
+
+- where the search proved the gap (llama3-8b plans), that program solved exactly to a share of the gap, for
+  a better answer;
+- where it did not, or where memory's price is a large share of its root's bound (`TIGHT_PRICE_SHARE`:
+  the search stops at its root there), and the whole program is not huge: column generation
+  (`solver.large.generated`): the program's LP with every binding memory row (the *master*) prices memory,
+  TRW-S at those prices bounds the whole problem at its LP's level and names the strategies to add; then
+  MIPs over the master LP's support, widened by the incumbent's strategies, then the master, each until
+  its answer is proven within the gap. On 2-layer transformers at half their replicated peak (issue 24)
+  this proves 1% in 0.5-7 s of CPU, where the whole program's LP took 2-30 s or more, HiGHS on it found
+  nothing within 1% in a minute and the search's root stopped 1-3% below the LP;
+
+when that proves the gap, it is the answer -> otherwise `heuristic_solve` (anytime, feasible incumbent in
+seconds; before a whole-program backend it stops once stale) -> then, by size:
 
 - the whole program (`_solve_whole`): `ilp.build_program` with memory rows added lazily (only steps some
   assignment could overflow, then the steps an answer violates; HiGHS starts with none and separates the
@@ -574,9 +586,14 @@ def _lagrangian_search(
 ) -> BranchResult | None:
     """A certificate without the LP of the whole program (None where it does not apply: no edge, no memory
     limit, nothing feasible for TRW-S): `solver.bounds.lagrangian_branch` for the bound, then the program over
-    the strategies it found promising (every decoding's, the root's best beliefs) solved whole by ``engine``
-    for the answer -- a program of a few strategies per node. On llama3-8b plans on 8x8 (8 to 80 layers) the
-    two took 0.1-0.6 s where the whole program's LPs took 2.5-7 s, with answers as good or better."""
+    the strategies it found promising (every decoding's, the root's best beliefs) -- a program of a few
+    strategies per node. Where the search proved the gap, that program is solved whole by ``engine`` to
+    `RESTRICTED_GAP_SHARE` of it for a better answer: on llama3-8b plans on 8x8 (8 to 80 layers) the two
+    took 0.1-0.6 s where the whole program's LPs took 2.5-7 s, with answers as good or better. Elsewhere, or
+    where memory is *tight* (its price `TIGHT_PRICE_SHARE` of the root's bound or more: the search stops at
+    its root), and for programs of at most `GENERATION_MAX_COLUMNS`, column generation from it
+    (`solver.large.generated`) for up to `RESTRICTED_SHARE` (tight: `TIGHT_GENERATION_SHARE`) of the
+    time ``left``."""
     phase = time.perf_counter()
     try:
         search = LagrangianBranch(core)
