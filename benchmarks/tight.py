@@ -1,7 +1,7 @@
 """Solve memory-tight plans of small transformers: each zoo model on a 2x2 mesh at half its replicated peak.
 
-    python benchmarks/tight.py [--models t5,vit,bert,gemma,gpt2,llama,gpt_neox] [--repeat 3]
-                               [--time-limit 60] [--gap 0.01] [--threads 2] [--save DIR] [--json]
+    python benchmarks/tight.py [--models t5,vit,...] [--repeat 3] [--time-limit 60] [--gap 0.01]
+                               [--threads 2] [--save DIR | --load DIR] [--json]
 
 For each model of `tests/strategies/models/user_models/zoo.py` (2 layers, training mode): plan it with the
 DDP layout (every parameter replicated) for its peak per device, build its problem again with half that
@@ -10,7 +10,10 @@ this process with the planner's settings (limit, relative gap, 2 threads). A row
 the repeats' wall and CPU seconds (this process's; the heuristic's forked searches are not counted), and
 cost, bound, gap, status and what certified it in the run of median wall time; "runs" lists every run's
 wall seconds. ``--save DIR`` also writes each problem as IOPDDL JSON (``<model>-2x2-half-memory.json.gz``;
-the ViT one is the test suite's, `tests/bundled_data.py`).
+the ViT one is the test suite's, `tests/bundled_data.py`); ``--load DIR`` solves those files instead of
+capturing (another checkout's solver on the same problems: ``PYTHONPATH=<checkout> python
+benchmarks/tight.py --load DIR``). `benchmarks/zoo_plans.py` times the same plans as whole `autoshard plan`
+processes.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ from solver import iopddl
 from solver.problem import Problem
 from solver.solve import solve, warm_up_kernels
 from strategies.plan.planner import PlanRequest, plan_model
+from tests.strategies.models.user_models.zoo import ARCHITECTURES
 
 ZOO = "tests/strategies/models/user_models/zoo.py"
-MODELS = ("t5", "vit", "bert", "gemma", "gpt2", "llama", "gpt_neox")
 COLUMNS = ("model", "columns", "wall s", "cpu s", "cost", "bound", "gap", "status", "certified by", "runs")
 
 
@@ -88,21 +91,23 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(ARCHITECTURES))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--gap", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save", type=Path, default=None, help="write each problem here as IOPDDL JSON")
+    parser.add_argument("--load", type=Path, default=None, help="solve the problems --save wrote there")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = parser.parse_args()
     warm_up_kernels()
     rows = []
     for model in args.models.split(","):
-        problem = half_memory_problem(model)
+        saved = f"{model}-2x2-half-memory.json.gz"
+        problem = iopddl.load(args.load / saved) if args.load is not None else half_memory_problem(model)
         if args.save is not None:
             args.save.mkdir(parents=True, exist_ok=True)
-            iopddl.save(problem, args.save / f"{model}-2x2-half-memory.json.gz")
+            iopddl.save(problem, args.save / saved)
         runs = [run(problem, args.time_limit, args.gap, args.threads) for _ in range(args.repeat)]
         rows.append(summary(model, runs))
         print(f"{model}: {rows[-1]['wall']:.1f} s wall, gap {rows[-1]['gap']}", file=sys.stderr, flush=True)

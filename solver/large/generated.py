@@ -17,13 +17,17 @@ binding memory row included, and its LP says what the whole one would:
    795.1). The strategies TRW-S's beliefs rank best at ``mu`` (and its decoding's) join the master; when
    none is new, the master LP is the whole LP (up to TRW-S's own gap), else it is solved again (T5: 77-158
    strategies added, the master LP from 2402.4 down to 2393.7, the whole bound up from 2392.0 to 2393.6).
-3. **Answers**: HiGHS's MIPs, every binding memory row in, over growing neighbourhoods: the master LP's
-   support (T5: 269 of 685 nodes fractional, 2,600 columns), that support widened by the search's answer's
-   strategies (a different answer, so other choices at many nodes), then the whole master, each warm-started
-   from the best answer so far and ending once that answer is within the gap of the pricing's bound (HiGHS's
-   objective target: its own bound is only the restricted program's), with the time left split evenly among
-   those still to run. The support's program is small, so it is solved to ``polish_gap`` even where the gap
-   is proven (llama3-8b, 8 layers on 8x8: its optimum, where the first answer within 1% was 0.9% above).
+3. **Answers**: HiGHS's MIPs, every binding memory row in, over the master LP's support (T5: 269 of 685
+   nodes fractional, 2,600 columns), then that support widened by the search's answer's strategies (a
+   different answer: other choices at many nodes), each warm-started from the best answer so far and ending
+   once that answer is within the gap of the pricing's bound (HiGHS's objective target: its own bound is
+   only the restricted program's); then, unless proven, the search around the peak (`solver.large.peak`)
+   over the whole problem from the best answer until proven or stalled (`PEAK_PATIENCE`): the MIP over the
+   whole master found nothing better in 20 s on T5, the search 0.35% in its first 8 regions. The time left
+   is split evenly among the steps still to run. Each MIP also ends once proven within ``polish_gap`` of
+   its own bound (nothing much better left there). With ``polish``, the support's MIP (a small program) is
+   solved to ``polish_gap`` of the pricing's bound even where the gap is proven (llama3-8b, 8 layers on 8x8:
+   its optimum, where the first answer within 1% was 0.9% above; on the tight programs it cost Gemma 3.5 s).
 
 Every answer fits the whole problem's memory (checked), so the best one and the best bound are a
 certificate of the whole problem.
@@ -42,29 +46,41 @@ from solver.backends.highs import INTEGRAL_TOLERANCE, LinearSolution, solve_mip,
 from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import CompactProblem
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over, memory_unit
+from solver.large.peak import peak_lns
 from solver.large.pruned import restrict
 
 log = logging.getLogger(__name__)
 
-#: Column generation rounds at most (T5, ViT, BERT: no new strategy after 2-3).
+#: Column generation rounds at most (T5, ViT, BERT: no new strategy after 2-3) ...
 MAX_ROUNDS = 6
+#: ... and it has converged when a round's strategies lowered the master LP by less than this share.
+LP_TOLERANCE = 1e-9
 #: HiGHS's cut pool (``mip_pool_soft_limit``, default 10,000) for the MIPs over the LP's support: with 100,
 #: T5's took 1.3 s instead of 2.2 s and its widened one 0.8 instead of 2.5, BERT's 0.5 instead of 1.5 (CPU);
 #: on the whole master it helped nowhere (BERT 6.0 -> 7.8 s).
 SUPPORT_CUT_POOL = 100
+#: The search around the peak after those MIPs stops after this many regions in a row that improved nothing,
+#: or after this share of the time the solve took before it (T5 at half memory, 8.7 s before it: 2412.8 ->
+#: 2404.2, 1.06% above the bound, in 2.3 s; 2402.2, 0.98%, after 23 s; nothing more in 10 regions): a small
+#: problem's solve ends in seconds, not at the time limit.
+PEAK_PATIENCE = 10
+PEAK_TIME_SHARE = 0.5
 
 
 @dataclass(frozen=True)
 class Generated:
     """What `generate_and_solve` found: the best proven bound of the whole problem (its own and
     ``known_bound``), the best answer (the whole problem's strategy indices; the incumbent when nothing
-    better came, None without one) and its cost, column generation rounds, the master's strategies."""
+    better came, None without one) and its cost, column generation rounds, the master's strategies, and
+    whether the generation converged (its last round added no strategy, or none that moved the master's LP:
+    the bound is the whole LP's, up to TRW-S's own gap)."""
 
     bound: float
     assignment: np.ndarray | None
     cost: float
     rounds: int
     strategies: int
+    converged: bool
 
 
 def generate_and_solve(
@@ -77,14 +93,20 @@ def generate_and_solve(
     deadline: float,
     threads: int,
     polish_gap: float = 0.0,
+    polish: bool = False,
+    seed: int = 0,
+    started: float | None = None,
 ) -> Generated:
     """Steps 1-3 of the module docstring on ``problem`` from the strategies ``keep`` (per node, sorted; they
     hold the ``incumbent``'s), with ``search`` (whose root has run) pricing, until the best answer is proven
-    within ``relative_gap`` of the best bound, or ``deadline`` (a `time.perf_counter()` value)."""
+    within ``relative_gap`` of the best bound, the search around the peak has stalled, or ``deadline`` (a
+    `time.perf_counter()` value; ``started``: when the solve began, for `PEAK_TIME_SHARE`)."""
     best = _Best(problem, incumbent)
     bound = known_bound
     rounds = 0
+    converged = False
     master: LinearSolution | None = None
+    previous = math.inf  # the master LP's value a round ago
     while rounds < MAX_ROUNDS and time.perf_counter() < deadline and not best.within(bound, relative_gap):
         restricted = restrict(problem, keep)
         program = build_program(restricted, memory_times=binding_memory_times(restricted))
@@ -111,56 +133,63 @@ def generate_and_solve(
             best.cost,
             added,
         )
-        if added == 0:
+        # Converged once nothing is new, or what the last round added left the master's LP where it was
+        # (T5: a few strategies a round, tied in TRW-S's beliefs, the LP unchanged to 8 digits).
+        if added == 0 or master.objective >= previous - LP_TOLERANCE * max(1.0, abs(previous)):
+            converged = True
             break
+        previous = master.objective
         keep = [g.astype(np.int64) for g in grown]
         master = None  # the master's LP no longer matches ``keep``
     strategies = sum(len(kept) for kept in keep)
-    if best.within(bound, 0.0) or time.perf_counter() >= deadline:
-        return Generated(min(bound, best.cost), best.assignment, best.cost, rounds, strategies)
 
+    def result() -> Generated:
+        return Generated(min(bound, best.cost), best.assignment, best.cost, rounds, strategies, converged)
+
+    if best.within(bound, 0.0) or time.perf_counter() >= deadline:
+        return result()
     restricted = restrict(problem, keep)
     program = build_program(restricted, memory_times=binding_memory_times(restricted))
     if master is None:
         master = solve_relaxation(program, deadline - time.perf_counter(), threads)
-    neighbourhoods: list[list[np.ndarray] | None] = [None]  # the master itself, last
+    neighbourhoods: list[list[np.ndarray]] = []
     if master is not None:
         support = _support(program, master.values, None)
         widened = _support(program, master.values, _local(keep, incumbent))
         same = all(len(a) == len(b) for a, b in zip(support, widened, strict=True))
-        neighbourhoods = [support, *([] if same else [widened]), None]
+        neighbourhoods = [support, *([] if same else [widened])]
     for index, neighbourhood in enumerate(neighbourhoods):
         now = time.perf_counter()
-        # The support's program is small: it is solved to ``polish_gap`` even where the gap is proven
-        # (llama3-8b, 8 layers on 8x8: the optimum, where the first answer within 1% was 0.9% above it).
-        polish = index == 0 and neighbourhood is not None
-        if best.within(bound, polish_gap if polish else relative_gap) or now >= deadline - 0.1:
-            break
-        until = now + (deadline - now) / (len(neighbourhoods) - index)
-        target = best.target(bound, polish_gap if polish else relative_gap)
-        local = _local(keep, best.assignment)
-        if neighbourhood is None:
-            answer = _solve_restricted(restricted, until, threads, local, target, polish_gap)
-        else:
-            inner = _solve_restricted(
-                restrict(restricted, neighbourhood),
-                until,
-                threads,
-                _local(neighbourhood, local),
-                target,
-                polish_gap,
-                SUPPORT_CUT_POOL,
-            )
-            answer = None if inner is None else _lifted(neighbourhood, inner)
-        if answer is not None:
-            best.offer(_lifted(keep, answer))
-        log.debug(
-            "MIP over %s: best %.8g (target %.8g)",
-            "the master" if neighbourhood is None else f"{sum(len(n) for n in neighbourhood)} strategies",
-            best.cost,
-            target,
+        gap = polish_gap if polish and index == 0 else relative_gap
+        if best.within(bound, gap) or now >= deadline - 0.1:
+            return result()
+        until = now + (deadline - now) / (len(neighbourhoods) + 1 - index)
+        inner = _solve_restricted(
+            restrict(restricted, neighbourhood),
+            until,
+            threads,
+            _local(neighbourhood, _local(keep, best.assignment)),
+            best.target(bound, gap),
+            polish_gap,
         )
-    return Generated(min(bound, best.cost), best.assignment, best.cost, rounds, strategies)
+        if inner is not None:
+            best.offer(_lifted(keep, _lifted(neighbourhood, inner)))
+        log.debug("MIP over %d strategies: best %.8g", sum(len(n) for n in neighbourhood), best.cost)
+    if best.assignment is not None and not best.within(bound, relative_gap):
+        now = time.perf_counter()
+        until = deadline if started is None else min(deadline, now + PEAK_TIME_SHARE * (now - started))
+        answer, stats = peak_lns(
+            problem,
+            best.assignment,
+            until,
+            seed=seed,
+            bound=bound,
+            relative_gap=relative_gap,
+            patience=PEAK_PATIENCE,
+        )
+        best.offer(answer)
+        log.debug("search around the peak: %d regions, best %.8g", stats.regions, best.cost)
+    return result()
 
 
 class _Best:
@@ -231,14 +260,13 @@ def _solve_restricted(
     start: np.ndarray | None,
     target: float,
     relative_gap: float,
-    cut_pool: int | None = None,
 ) -> np.ndarray | None:
-    """HiGHS's MIP on ``restricted`` with every binding memory row, until ``deadline``, an answer that costs
-    at most ``target`` or one within ``relative_gap`` of its own bound; its answer (``restricted``'s
-    indices) or None."""
+    """HiGHS's MIP on ``restricted`` with every binding memory row (`SUPPORT_CUT_POOL`), until ``deadline``,
+    an answer that costs at most ``target`` or one within ``relative_gap`` of its own bound; its answer
+    (``restricted``'s indices) or None."""
     program = build_program(restricted, memory_times=binding_memory_times(restricted))
     seconds = max(0.05, deadline - time.perf_counter())
-    return solve_mip(program, seconds, threads, start, target, relative_gap, cut_pool).assignment
+    return solve_mip(program, seconds, threads, start, target, relative_gap, SUPPORT_CUT_POOL).assignment
 
 
 def _local(keep: list[np.ndarray], assignment: np.ndarray | None) -> np.ndarray | None:

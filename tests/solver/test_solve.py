@@ -72,6 +72,18 @@ def test_a_memory_tight_transformer_plan_is_proven_within_the_gap_long_before_th
     assert evaluate(problem, result.solution).feasible
 
 
+def test_a_tight_plan_whose_gap_the_lp_cannot_prove_ends_with_column_generation() -> None:
+    """Asked for 0.1%, which the whole LP's bound cannot prove on that ViT (its best answers are 0.29% above
+    it): once column generation has converged, the solve returns its answer and bound, proven as close as
+    they are, rather than search to the limit."""
+    problem = iopddl.load(VIT_HALF_MEMORY)
+    result = solve(problem, time_limit=60.0, threads=2, relative_gap=0.001)
+    assert result.backend == "lagrangian" and result.status == "feasible"
+    assert result.gap is not None and 0.001 < result.gap <= 0.01
+    assert result.seconds < 30.0
+    assert evaluate(problem, result.solution).feasible
+
+
 def test_memory_infeasibility_names_the_smallest_peak() -> None:
     problem = Problem.from_lists(
         costs=[[1, 5], [1, 5]],
