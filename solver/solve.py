@@ -1,8 +1,24 @@
 """Solve a `Problem`: reductions, a heuristic incumbent, an exact backend, a certificate.
 
 Pipeline: `reductions.reduce` -> `compact` (groups become super nodes) -> with a memory limit and a gap to
-meet, first the Lagrangian search over TRW-S (`_lagrangian_search`: a bound without any LP, and the program
-over the strategies it found promising solved exactly); when that proves the gap, it is the answer ->
+meet, first the Lagrangian search over TRW-S (`_lagrangian_search`: a bound without any LP), then the program
+over the strategies it found promising:
+
+- where the search proved the gap (llama3-8b plans), that program solved exactly to a share of the gap, for
+  a better answer;
+- where it did not, or where memory's price is a large share of its root's bound (`TIGHT_PRICE_SHARE`:
+  the search stops at its root there), and the whole program is not huge: column generation
+  (`solver.large.generated`): the program's LP with every binding memory row (the *master*) prices memory,
+  TRW-S at those prices bounds the whole problem at its LP's level and names the strategies to add; then
+  MIPs over the master LP's support, then widened by the incumbent's strategies, then the search around the
+  peak, each until its answer is proven within the gap. On the 13 2-layer transformers of the zoo at half
+  their replicated peak (issue 24) this proves 1% in 0.5-4.5 s (T5: 12 s), where the whole program's LP
+  took 2-30 s or more, HiGHS on it found nothing within 1% in a minute and the search's root stopped 1-3%
+  below the LP (before: up to the whole 60 s, gaps up to 7%);
+
+when that proves the gap, it is the answer; where memory is tight and column generation converged, its answer
+is the answer too, proven or not: its bound is the whole LP's, which nothing after it lifts, and it already
+ran the search around the peak -- a small problem's solve ends in seconds, not at the time limit ->
 otherwise `heuristic_solve` (anytime, feasible incumbent in seconds; before a whole-program backend it
 stops once stale) -> then, by size:
 
@@ -63,6 +79,7 @@ from solver.evaluate import evaluate
 from solver.heuristics.anytime import warm_up
 from solver.heuristics.portfolio import background_search, portfolio_solve
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
+from solver.large.generated import generate_and_solve
 from solver.large.lns import lns_improve
 from solver.large.peak import MAX_COLUMNS as PEAK_MAX_COLUMNS
 from solver.large.peak import peak_lns
@@ -116,11 +133,26 @@ BOUND_SHARE = 0.2
 LAGRANGIAN_SHARE = 0.1
 #: ... which gives up after its root when that is this far from its best answer (TRW-S is not tight there);
 LAGRANGIAN_GIVE_UP_GAP = 0.05
-#: ... then the program over its promising strategies is solved to this share of the gap asked for (0.25 of
-#: 1%: 0.08 s on the 80-layer program, against 1.6 s to optimality for the same answer) ...
+#: ... then, where its answer is proven within the gap, the program over its promising strategies is solved to
+#: this share of the gap asked for (0.25 of 1%: 0.08 s on the 80-layer program, against 1.6 s to optimality
+#: for the same answer) ...
 RESTRICTED_GAP_SHARE = 0.25
-#: ... in at most this share of the time limit.
+#: ... in at most this share of the time limit; where the gap is still open, the program over them grown by
+#: column generation (`solver.large.generated`) ...
 RESTRICTED_SHARE = 0.1
+#: ... up to this many columns in the whole program (TRW-S prices the master's strategies on it every round:
+#: 0.1-0.5 s on the 2-layer transformers at 90,000-345,000 columns, 4 s on llama3-8b on 4x4x4, 7.2M).
+GENERATION_MAX_COLUMNS = 1_000_000
+#: Where memory's price is at least this share of the root's bound (`LagrangianBranch.memory_price_share`:
+#: the 2-layer transformers at half their replicated peak 13-23%, llama3-8b plans 0-5%), the search stops at
+#: its root and column generation follows at once: branching on usage stalled there (Gemma: 6-16
+#: subproblems in 6 s, +0.002 on a 30.7 gap) and the promising strategies' program, polished to a share of
+#: the gap, took 2.4-5.6 s on GPT-2 where column generation's answer came in 1 s.
+TIGHT_PRICE_SHARE = 0.1
+#: ... and column generation gets up to this share of the time left (rather than `RESTRICTED_SHARE`): there
+#: it is the main path (T5 at half memory: 11 s to its answer within 1%), and where it converges the solve
+#: ends with it.
+TIGHT_GENERATION_SHARE = 0.5
 #: Where the memory limit binds somewhere (`binding_memory_times`), the whole program gets this share of the
 #: work time after the heuristic; unless it proves its answer, large neighbourhood search around the peak
 #: (`solver.large.peak`) takes the rest from the best answer (run first, the search delayed the proofs of
@@ -212,20 +244,22 @@ def solve(
 
     known_bound = -math.inf
     searched: BranchResult | None = None
+    final = False
     if mode != HEURISTIC and core.usage_limit is not None and relative_gap > 0:
         search_deadline = now + LAGRANGIAN_SHARE * left
-        restricted_seconds = RESTRICTED_SHARE * left
-        searched = _lagrangian_search(
-            core, engine, relative_gap, search_deadline, restricted_seconds, threads, timings
+        searched, final = _lagrangian_search(
+            core, engine, relative_gap, search_deadline, left, threads, timings, seed, started
         )
         if searched is not None:
             known_bound = searched.bound
             tracker.update("lagrangian", searched.cost + reduced.constant, searched.bound + reduced.constant)
-    if searched is not None and searched.assignment is not None and searched.within(relative_gap):
+    if searched is not None and searched.assignment is not None and (final or searched.within(relative_gap)):
         candidates = [searched.assignment]
         phase = time.perf_counter()
+        # Final but not proven: the bound is the whole LP's already; the memory-priced ascent stays below it.
         bound = (
-            _lower_bound(core, None, candidates, bound_deadline, relative_gap, known_bound) + reduced.constant
+            _lower_bound(core, None, candidates, bound_deadline, relative_gap, known_bound, not final)
+            + reduced.constant
         )
         timings["bound"] = time.perf_counter() - phase
         columns, rows = program_shape(core)  # the program the certificate stands for (never built)
@@ -556,21 +590,36 @@ def _lagrangian_search(
     engine: str,
     relative_gap: float,
     deadline: float,
-    restricted_seconds: float,
+    left: float,
     threads: int,
     timings: dict[str, float],
-) -> BranchResult | None:
+    seed: int = 0,
+    started: float | None = None,
+) -> tuple[BranchResult | None, bool]:
     """A certificate without the LP of the whole program (None where it does not apply: no edge, no memory
     limit, nothing feasible for TRW-S): `solver.bounds.lagrangian_branch` for the bound, then the program over
-    the strategies it found promising (every decoding's, the root's best beliefs) solved whole by ``engine``
-    for the answer -- a program of a few strategies per node. On llama3-8b plans on 8x8 (8 to 80 layers) the
-    two took 0.1-0.6 s where the whole program's LPs took 2.5-7 s, with answers as good or better."""
+    the strategies it found promising (every decoding's, the root's best beliefs) -- a program of a few
+    strategies per node. Where the search proved the gap, that program is solved whole by ``engine`` to
+    `RESTRICTED_GAP_SHARE` of it for a better answer: on llama3-8b plans on 8x8 (8 to 80 layers) the two
+    took 0.1-0.6 s where the whole program's LPs took 2.5-7 s, with answers as good or better. Elsewhere, or
+    where memory is *tight* (its price `TIGHT_PRICE_SHARE` of the root's bound or more: the search stops at
+    its root), and for programs of at most `GENERATION_MAX_COLUMNS`, column generation from it
+    (`solver.large.generated`) for up to `RESTRICTED_SHARE` (tight: `TIGHT_GENERATION_SHARE`) of the
+    time ``left``. (The result, and whether it is final: tight, and column generation converged, so its
+    bound is the whole LP's, which nothing after it lifts, and its answer came from the search around the
+    peak that the pipeline would run next.)"""
     phase = time.perf_counter()
     try:
         search = LagrangianBranch(core)
     except ValueError:
-        return None
-    searched = search.run(relative_gap, deadline, give_up_gap=LAGRANGIAN_GIVE_UP_GAP)
+        return None, False
+    generation = program_size(core) <= GENERATION_MAX_COLUMNS
+    searched = search.run(
+        relative_gap,
+        deadline,
+        give_up_gap=LAGRANGIAN_GIVE_UP_GAP,
+        root_only_share=TIGHT_PRICE_SHARE if generation else math.inf,
+    )
     timings["lagrangian"] = time.perf_counter() - phase
     log.info(
         "lagrangian search: %d subproblems, %d evaluations, bound %.8g, best %.8g",
@@ -580,14 +629,43 @@ def _lagrangian_search(
         searched.cost,
     )
     if searched.within(0.0):  # proven optimal; else the program over its promising strategies may do better
-        return searched
+        return searched, False
     phase = time.perf_counter()
     keep = search.promising_strategies()
     if searched.assignment is not None:
         chosen = searched.assignment.tolist()
-        keep = [np.union1d(kept, [s]) for kept, s in zip(keep, chosen, strict=True)]
+        keep = [np.union1d(kept, [s]).astype(np.int64) for kept, s in zip(keep, chosen, strict=True)]
     if any(len(kept) == 0 for kept in keep):  # the search ran out of time before its root's beliefs
-        return searched
+        return searched, False
+    tight = search.memory_price_share >= TIGHT_PRICE_SHARE
+    if generation and (tight or not searched.within(relative_gap)):
+        generated = generate_and_solve(
+            core,
+            search,
+            keep,
+            searched.assignment,
+            searched.bound,
+            relative_gap,
+            phase + (TIGHT_GENERATION_SHARE if tight else RESTRICTED_SHARE) * left,
+            threads,
+            RESTRICTED_GAP_SHARE * relative_gap,
+            not tight,
+            seed,
+            started,
+        )
+        timings["restricted"] = time.perf_counter() - phase
+        log.info(
+            "column generation: %d rounds (%s), %d strategies, bound %.8g, best %.8g",
+            generated.rounds,
+            "converged" if generated.converged else "not converged",
+            generated.strategies,
+            generated.bound,
+            generated.cost,
+        )
+        result = dataclasses.replace(
+            searched, assignment=generated.assignment, cost=generated.cost, bound=generated.bound
+        )
+        return result, tight and generated.converged
 
     def solve_restricted(restricted: CompactProblem, start: np.ndarray | None, deadline: float):
         gap = RESTRICTED_GAP_SHARE * relative_gap
@@ -596,14 +674,12 @@ def _lagrangian_search(
         )
         return result.assignment
 
-    answer = solve_over(core, keep, searched.assignment, phase + restricted_seconds, solve_restricted)
+    answer = solve_over(core, keep, searched.assignment, phase + RESTRICTED_SHARE * left, solve_restricted)
     timings["restricted"] = time.perf_counter() - phase
-    if answer is None:
-        return searched
+    if answer is None or core.cost(answer) >= searched.cost:
+        return searched, False
     cost = core.cost(answer)
-    if cost >= searched.cost:
-        return searched
-    return dataclasses.replace(searched, assignment=answer, cost=cost, bound=min(searched.bound, cost))
+    return dataclasses.replace(searched, assignment=answer, cost=cost, bound=min(searched.bound, cost)), False
 
 
 def _begin_whole(

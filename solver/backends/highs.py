@@ -253,15 +253,22 @@ def _run_mip(
     progress: ProgressSink | None = None,
     started: float | None = None,
     extra_rows: _ExtraRows | None = None,
+    target: float = -math.inf,
+    cut_pool: int | None = None,
 ) -> BackendResult:
     """HiGHS branch-and-bound on ``program`` (with ``col_upper`` instead of its upper bounds, if given, and
-    the memory rows ``extra_rows`` added)."""
+    the memory rows ``extra_rows`` added); it stops once an answer costs at most ``target`` (HiGHS's
+    ``objective_target``: a bound from outside proves such an answer close enough)."""
     begun = time.perf_counter()
     highs = quiet_highs()
     highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
     highs.setOptionValue("mip_rel_gap", float(relative_gap))
     highs.setOptionValue("mip_abs_gap", 0.999 if integral_objective(program) else 1e-9)
     highs.setOptionValue("random_seed", 0)
+    if math.isfinite(target):
+        highs.setOptionValue("objective_target", float(target - program.constant))
+    if cut_pool is not None:
+        highs.setOptionValue("mip_pool_soft_limit", int(cut_pool))
     _use_threads(highs, threads)
     lp = _to_highs_lp(program, extra_rows)
     if col_upper is not None:
@@ -308,11 +315,58 @@ def _run_mip(
                 progress,
                 started,
                 extra_rows,
+                target,
+                cut_pool,
             )
         return BackendResult(FEASIBLE, assignment, objective, bound, seconds, seconds)
     status = OPTIMAL if model_status == highspy.HighsModelStatus.kOptimal else FEASIBLE
     first = first_found[0] if first_found else seconds
     return BackendResult(status, assignment, objective, bound, seconds, first)
+
+
+def solve_mip(
+    program: IntegerProgram,
+    time_limit: float,
+    threads: int,
+    warm_start: np.ndarray | None = None,
+    target: float = -math.inf,
+    relative_gap: float = 0.0,
+    cut_pool: int | None = None,
+) -> BackendResult:
+    """HiGHS's branch-and-bound on ``program`` as it stands -- no relaxation first, no memory row separated
+    (a program with every row it needs) -- until its answer is proven within ``relative_gap`` of its own
+    bound, ``time_limit`` seconds, or an answer that costs at most ``target`` (a bound from outside the
+    program proves it close enough). ``cut_pool``: HiGHS's ``mip_pool_soft_limit`` instead of its 10,000
+    (`solver.large.generated`'s small programs)."""
+    if (empty := empty_program_result(program)) is not None:
+        return empty
+    return _run_mip(program, time_limit, threads, warm_start, relative_gap, target=target, cut_pool=cut_pool)
+
+
+@dataclass(frozen=True)
+class LinearSolution:
+    """An optimal solution of a program's LP relaxation: its objective (the program's constant included),
+    the column values, and the rows' duals (HiGHS's signs: a binding ``<=`` row of this minimisation has a
+    dual <= 0, the objective's rate of change as the row's upper bound grows)."""
+
+    objective: float
+    values: np.ndarray
+    row_duals: np.ndarray
+
+
+def solve_relaxation(program: IntegerProgram, time_limit: float, threads: int) -> LinearSolution | None:
+    """The LP relaxation of ``program`` with exactly its rows (none separated), by the serial dual simplex
+    without presolve (`_relaxation_highs`); None unless solved to optimality within ``time_limit``."""
+    highs = _relaxation_highs(program, threads)
+    highs.setOptionValue("simplex_strategy", SIMPLEX_DUAL)
+    highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
+    if highs.run() == highspy.HighsStatus.kError:
+        return None
+    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    solution = highs.getSolution()
+    objective = float(highs.getObjectiveValue()) + program.constant
+    return LinearSolution(objective, np.asarray(solution.col_value), np.asarray(solution.row_dual))
 
 
 def _support_upper(program: IntegerProgram, values: np.ndarray, keep: np.ndarray | None) -> np.ndarray:

@@ -153,6 +153,7 @@ class _Lagrangian:
         ]
         intervals = problem.term_intervals
         times = memory_row_times(intervals[:, 0], intervals[:, 1])
+        self.row_times = times  # the time step of each row (``mu``'s index)
         self.num_rows = len(times)
         first = np.searchsorted(times, intervals[:, 0], side="left")
         stop = np.searchsorted(times, intervals[:, 1], side="left")

@@ -73,19 +73,23 @@ def peak_lns(
     max_columns: int = MAX_COLUMNS,
     bound: float = -math.inf,
     relative_gap: float = 0.0,
+    patience: int | None = None,
 ) -> tuple[np.ndarray, PeakStats]:
     """Improve ``incumbent`` (feasible) region by region until ``deadline``, a `time.perf_counter()` value,
-    or until its cost is proven within ``relative_gap`` of ``bound`` (a lower bound of the whole program)."""
+    until its cost is proven within ``relative_gap`` of ``bound`` (a lower bound of the whole program), or,
+    with a ``patience``, after that many regions in a row that improved nothing."""
     rng = np.random.default_rng(seed)
     solver = get_backend(backend)
     layout = _Layout(problem)
     current = np.asarray(incumbent, dtype=np.int64).copy()
     cost = problem.cost(current)
     budget = float(region_columns)
-    regions = improved = peak_improved = 0
+    regions = improved = peak_improved = since = 0
     if len(layout.free) == 0:
         return current, PeakStats(0, 0, 0, int(budget), cost)
     while time.perf_counter() < deadline - 0.25 and cost - bound > relative_gap * abs(cost):
+        if patience is not None and since >= patience:
+            break
         at_peak = layout.num_rows > 0 and rng.random() < PEAK_SHARE
         seeds = layout.peak_seeds(current, rng) if at_peak else np.array([rng.choice(layout.free)])
         region = layout.grow(seeds, int(budget), rng)
@@ -101,6 +105,7 @@ def peak_lns(
         elif result.status != OPTIMAL:
             budget = max(min(MIN_COLUMNS, budget), budget * SHRINK)
         adopted = adopt_region(problem, current, cost, region, result.assignment)
+        since = 0 if adopted is not None else since + 1
         if adopted is not None:
             current, cost = adopted
             improved += 1

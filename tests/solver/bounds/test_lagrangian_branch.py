@@ -81,6 +81,21 @@ def test_branching_on_usage_closes_a_gap_the_root_leaves() -> None:
     assert result.cost == pytest.approx(optimum)
 
 
+def test_the_search_stops_at_its_root_where_memory_prices_make_enough_of_the_bound() -> None:
+    # The knapsack above: the root's prices lift the memory-free bound (0) to ~16, all of it memory's price.
+    costs = [[0.0, 10.0, 10.0], [0.0, 11.0, 11.0], [0.0, 12.0, 12.0]]
+    weights = [[10, 1, 1], [10, 1, 1], [10, 1, 1]]
+    problem = _knapsack_chain(weights, costs, limit=16)
+    _core, search, result = _search(problem)  # branches to the optimum (the test above)
+    assert search is not None and result is not None and result.subproblems > 1
+    assert search.memory_free_bound == pytest.approx(0.0, abs=1e-6)
+    assert search.memory_price_share == pytest.approx(1.0, rel=1e-6)
+    rooted = LagrangianBranch(compact(problem))
+    stopped = rooted.run(0.0, time.perf_counter() + 10.0, root_only_share=0.5)
+    assert stopped.subproblems == 1 and not stopped.within(0.0)
+    assert rooted.run(0.0, time.perf_counter() + 10.0, root_only_share=1.5).subproblems > 1
+
+
 def test_promising_strategies_hold_an_optimum_of_a_tree() -> None:
     rng = np.random.default_rng(3)
     for _ in range(40):
