@@ -30,14 +30,24 @@ def command(*args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedP
     )
 
 
-@pytest.fixture(scope="module")
-def mlp_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _mlp_plan(folder: Path, mesh: str) -> Path:
     request = PlanRequest(
-        model="mlp", mesh="2x2", batch=64, dtype="float32", options={"d": 256, "h": 1024}, baseline="ddp"
+        model="mlp", mesh=mesh, batch=64, dtype="float32", options={"d": 256, "h": 1024}, baseline="ddp"
     )
-    path = tmp_path_factory.mktemp("plans") / "mlp-2x2.json"
+    path = folder / f"mlp-{mesh}.json"
     path.write_text(json.dumps(plan_model(request).plan), encoding="utf-8")
     return path
+
+
+@pytest.fixture(scope="module")
+def mlp_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _mlp_plan(tmp_path_factory.mktemp("plans"), "2x2")
+
+
+@pytest.fixture(scope="module")
+def pair_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """On two ranks: the launcher's behaviour the tests pin does not need four (half the processes)."""
+    return _mlp_plan(tmp_path_factory.mktemp("plans"), "2")
 
 
 def test_run_checks_against_one_process_and_writes_the_report(mlp_plan: Path, tmp_path: Path) -> None:
@@ -64,19 +74,19 @@ def test_a_plan_from_a_launchers_graph_runs_on_the_launchers_module(tmp_path: Pa
     exported = command("export-graph", "--model", factory, "-o", str(graph))
     assert exported.returncode == 0, exported.stderr[-3000:]
     planned = command(
-        "plan", "--graph", str(graph), "--mesh", "2x2", "--baseline", "fsdp_tp", "--out", str(plan), "--quiet"
+        "plan", "--graph", str(graph), "--mesh", "2", "--baseline", "fsdp", "--out", str(plan), "--quiet"
     )
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert json.loads(plan.read_text())["request"]["graph"]["sha256"]
-    run = command("run", "--model", factory, "--plan", str(plan), "--nproc", "4", "--check")
+    run = command("run", "--model", factory, "--plan", str(plan), "--nproc", "2", "--check")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "collectives: as planned" in run.stdout
     assert "check: loss, gradients and parameters equal one process" in run.stdout
 
 
-def test_run_is_a_rank_of_torchrun(mlp_plan: Path) -> None:
-    launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4")
-    run = command("run", "--model", "mlp", "--plan", str(mlp_plan), "--check", launcher=launcher)
+def test_run_is_a_rank_of_torchrun(pair_plan: Path) -> None:
+    launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    run = command("run", "--model", "mlp", "--plan", str(pair_plan), "--check", launcher=launcher)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("collectives: as planned") == 1  # rank 0 prints the report
 
@@ -91,13 +101,13 @@ def test_a_plan_for_another_model_exits_2_naming_it_before_any_rank_starts(mlp_p
 
 
 def test_a_plan_a_rank_refuses_ends_in_its_one_line_without_a_traceback(
-    mlp_plan: Path, tmp_path: Path
+    pair_plan: Path, tmp_path: Path
 ) -> None:
     """The ranks find the fault (an op input no op reads: ``P(mask)``); the launcher's log of their
     traceback is left out, and the last line names the node."""
-    plan = json.loads(mlp_plan.read_text())
+    plan = json.loads(pair_plan.read_text())
     node = plan["nodes"][0]
-    node["inputs"][0] = ["P(mask)", "R"]
+    node["inputs"][0] = ["P(mask)"]
     path = tmp_path / "edited.json"
     path.write_text(json.dumps(plan), encoding="utf-8")
     run = command("run", "--model", "mlp", "--plan", str(path))
@@ -115,10 +125,10 @@ def test_a_world_size_the_mesh_does_not_have_exits_2_at_once(mlp_plan: Path) -> 
     assert run.stderr.strip() == "autoshard: world size: the plan's mesh [2, 2] needs 4 ranks, this run has 2"
 
 
-def test_a_rank_killed_mid_run_ends_the_run_naming_it(mlp_plan: Path) -> None:
+def test_a_rank_killed_mid_run_ends_the_run_naming_it(pair_plan: Path) -> None:
     """SIGKILL one rank while the ranks train: the launcher stops the others and the command exits 1
     within seconds, naming the rank, instead of hanging in a collective."""
-    args = ["run", "--model", "mlp", "--plan", str(mlp_plan), "--steps", "100000"]
+    args = ["run", "--model", "mlp", "--plan", str(pair_plan), "--steps", "100000"]
     launcher = subprocess.Popen(
         [sys.executable, "-m", "service.cli", *args],
         stdout=subprocess.PIPE,
@@ -134,7 +144,7 @@ def test_a_rank_killed_mid_run_ends_the_run_naming_it(mlp_plan: Path) -> None:
             if line.startswith("step 2:") or time.monotonic() > deadline:
                 break
         ranks = _spawned_children(launcher.pid)
-        assert len(ranks) == 4, ranks
+        assert len(ranks) == 2, ranks
         os.kill(ranks[-1], signal.SIGKILL)
         killed_at = time.monotonic()
         _, stderr = launcher.communicate(timeout=60)
