@@ -44,7 +44,7 @@ def test_the_master_lp_prices_bound_the_whole_problem_at_the_lp_value() -> None:
     # in the master, the MIPs after it end at the optimum.
     rng = np.random.default_rng(5)
     checked = 0
-    for case in range(40):
+    for case in range(20):
         problem = _tight_chain(rng)
         optimum, _ = brute_force(problem)
         core = compact(problem)
@@ -64,14 +64,14 @@ def test_the_master_lp_prices_bound_the_whole_problem_at_the_lp_value() -> None:
         assert result.cost == pytest.approx(optimum), case
         assert evaluate(problem, core.lift(result.assignment)).feasible
         checked += 1
-    assert checked >= 20
+    assert checked >= 10
 
 
 @pytest.mark.parametrize("seed", range(2))
 def test_bounds_hold_and_answers_fit_and_never_lose_the_incumbent(seed: int) -> None:
     rng = np.random.default_rng(70 + seed)
     answered = 0
-    for case in range(80):
+    for case in range(40):
         problem = random_problem(rng, nodes=(3, 7), strategies=(2, 4), with_limit=True, forbidden_rate=0.05)
         optimum, _ = brute_force(problem)
         core = compact(problem)
@@ -98,4 +98,4 @@ def test_bounds_hold_and_answers_fit_and_never_lose_the_incumbent(seed: int) -> 
         assert evaluation.cost == pytest.approx(result.cost)
         assert optimum - 1e-6 <= result.cost <= searched.cost, case
         answered += 1
-    assert answered >= 30
+    assert answered >= 15

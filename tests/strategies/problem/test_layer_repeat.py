@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 
 from solver.evaluate import total_cost, usage_profile
-from strategies.cost.mesh import make_mesh
 from strategies.graph.capture import capture_step
 from strategies.models import build_model
 from strategies.placement import NONE, R
 from strategies.plan.explain import explain, solution_from_plan
-from strategies.plan.planner import PlanRequest, _capture_and_build, _layer_repeat, plan_model
+from strategies.plan.planner import PlanRequest, _layer_repeat, plan_model
 from strategies.problem.builder import _inherit_layer_paths
 from strategies.problem.layer_repeat import LayerRepeat, cost_weights, ghost_intervals
 from strategies.problem.layer_sharing import layer_of
@@ -83,31 +82,6 @@ def _all_replicate(built) -> np.ndarray:
     return np.array(chosen)
 
 
-def _built(captured: int | None):
-    """The problem the planner builds for the 7-layer model, captured whole or with ``captured`` layers."""
-    request = PlanRequest(
-        model="llama3-8b",
-        mesh="2x2",
-        batch=4,
-        seq=64,
-        layers=LAYERS,
-        captured_layers=captured,
-        options=SMALL_LLAMA,
-    )
-    return _capture_and_build(request, make_mesh("2x2"), _layer_repeat(request), lambda _m: None, {})
-
-
-def test_short_capture_prices_the_replicated_step_like_the_whole_stack() -> None:
-    whole = _built(None)
-    short = _built(4)
-    assert short.repeat == LayerRepeat(4, LAYERS) and whole.repeat is None
-    assert len(short.nodes) < len(whole.nodes)
-    whole_r, short_r = _all_replicate(whole), _all_replicate(short)
-    assert total_cost(short.problem, short_r) == pytest.approx(total_cost(whole.problem, whole_r), rel=1e-9)
-    whole_peak = usage_profile(whole.problem, whole_r)[1].max()
-    assert usage_profile(short.problem, short_r)[1].max() == whole_peak
-
-
 @pytest.fixture(scope="module")
 def outcomes():
     """Plans of the same 7-layer model, captured whole and with 4 layers standing for 7."""
@@ -126,6 +100,17 @@ def outcomes():
         )
         result[captured] = plan_model(request)
     return result
+
+
+def test_short_capture_prices_the_replicated_step_like_the_whole_stack(outcomes) -> None:
+    whole = outcomes[None].built
+    short = outcomes[4].built
+    assert short.repeat == LayerRepeat(4, LAYERS) and whole.repeat is None
+    assert len(short.nodes) < len(whole.nodes)
+    whole_r, short_r = _all_replicate(whole), _all_replicate(short)
+    assert total_cost(short.problem, short_r) == pytest.approx(total_cost(whole.problem, whole_r), rel=1e-9)
+    whole_peak = usage_profile(whole.problem, whole_r)[1].max()
+    assert usage_profile(short.problem, short_r)[1].max() == whole_peak
 
 
 def test_short_capture_plans_the_same_optimum_as_the_whole_stack(outcomes) -> None:
