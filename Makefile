@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -c "from solver.solve import warm_up_kernels; warm_up_kernels()"  # numba cache
+	$(BIN)/python -m strategies.plan.warm_up  # numba's cache: the first plan starts at once
 	touch $(STAMP)
 
 demo: setup

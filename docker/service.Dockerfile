@@ -25,6 +25,13 @@ RUN pip install . \
     && useradd --create-home --uid 1000 autoshard \
     && mkdir /data && chown autoshard /data
 USER autoshard
+# The solver's and the cost model's numba kernels compiled into the image, in the service user's numba cache
+# (~/.cache/numba: numba skips a cache directory it cannot write, such as the installed package's): otherwise
+# every job process of a fresh container compiles them first, tens of seconds. From / so that the installed
+# package is imported, as `autoshard serve` and its job processes import it, not the sources in /app.
+WORKDIR /
+RUN python -m strategies.plan.warm_up
+WORKDIR /app
 VOLUME /data
 EXPOSE 8000
 
