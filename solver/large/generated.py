@@ -47,7 +47,7 @@ from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import CompactProblem
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over, memory_unit
 from solver.large.peak import peak_lns
-from solver.large.pruned import restrict
+from solver.large.pruned import from_restricted, restrict, to_restricted
 
 log = logging.getLogger(__name__)
 
@@ -154,14 +154,14 @@ def generate_and_solve(
 
     if best.within(bound, 0.0) or time.perf_counter() >= deadline:
         return result()
-    restricted = restrict(problem, keep)
-    program = build_program(restricted, memory_times=binding_memory_times(restricted))
-    if master is None:
+    if master is None:  # the program over ``keep`` was not built, grew since, or its LP failed
+        restricted = restrict(problem, keep)
+        program = build_program(restricted, memory_times=binding_memory_times(restricted))
         master = solve_relaxation(program, deadline - time.perf_counter(), threads)
     neighbourhoods: list[list[np.ndarray]] = []
     if master is not None:
         support = _support(program, master.values, None)
-        widened = _support(program, master.values, _local(keep, incumbent))
+        widened = _support(program, master.values, to_restricted(keep, incumbent))
         same = all(len(a) == len(b) for a, b in zip(support, widened, strict=True))
         neighbourhoods = [support, *([] if same else [widened])]
     for index, neighbourhood in enumerate(neighbourhoods):
@@ -174,12 +174,12 @@ def generate_and_solve(
             restrict(restricted, neighbourhood),
             until,
             threads,
-            _local(neighbourhood, _local(keep, best.assignment)),
+            to_restricted(neighbourhood, to_restricted(keep, best.assignment)),
             best.target(bound, gap),
             polish_gap,
         )
         if inner is not None:
-            best.offer(_lifted(keep, _lifted(neighbourhood, inner)))
+            best.offer(from_restricted(keep, from_restricted(neighbourhood, inner)))
         log.debug("MIP over %d strategies: best %.8g", sum(len(n) for n in neighbourhood), best.cost)
     if best.assignment is not None and not best.within(bound, relative_gap):
         now = time.perf_counter()
@@ -273,21 +273,6 @@ def _solve_restricted(
     program = build_program(restricted, memory_times=binding_memory_times(restricted))
     seconds = max(0.05, deadline - time.perf_counter())
     return solve_mip(program, seconds, threads, start, target, relative_gap, SUPPORT_CUT_POOL).assignment
-
-
-def _local(keep: list[np.ndarray], assignment: np.ndarray | None) -> np.ndarray | None:
-    """``assignment`` in the indices of the program over ``keep`` (None when it is not there)."""
-    if assignment is None:
-        return None
-    chosen = assignment.tolist()
-    local = [int(np.searchsorted(kept, s)) for kept, s in zip(keep, chosen, strict=True)]
-    if any(i >= len(kept) or kept[i] != s for i, kept, s in zip(local, keep, chosen, strict=True)):
-        return None
-    return np.array(local, dtype=np.int64)
-
-
-def _lifted(keep: list[np.ndarray], local: np.ndarray) -> np.ndarray:
-    return np.array([int(kept[a]) for kept, a in zip(keep, local.tolist(), strict=True)], dtype=np.int64)
 
 
 __all__ = ["Generated", "generate_and_solve"]

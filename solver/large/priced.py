@@ -25,7 +25,7 @@ import numpy as np
 from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import CompactProblem
 from solver.large.peak import peak_lns
-from solver.large.pruned import restrict
+from solver.large.pruned import from_restricted, restrict, to_restricted
 
 
 def promising_strategies(
@@ -64,18 +64,15 @@ def search_restricted(
     """`peak_lns` on ``problem`` restricted to ``keep`` (which holds ``start``'s strategies) until
     ``deadline``; its answer in ``problem``'s strategy indices (never worse than ``start``)."""
     restricted = restrict(problem, keep)
-    local = np.array([int(np.searchsorted(kept, s)) for kept, s in zip(keep, start.tolist(), strict=True)])
+    local = to_restricted(keep, start)
+    assert local is not None, "keep holds the start's strategies"
 
     def report(cost: float, answer: np.ndarray) -> None:
         if on_incumbent is not None:
-            on_incumbent(cost, _lifted(keep, answer))
+            on_incumbent(cost, from_restricted(keep, answer))
 
     answer, _stats = peak_lns(restricted, local, deadline, backend, seed, on_incumbent=report)
-    return _lifted(keep, answer)
-
-
-def _lifted(keep: list[np.ndarray], local: np.ndarray) -> np.ndarray:
-    return np.array([int(kept[a]) for kept, a in zip(keep, local.tolist(), strict=True)], dtype=np.int64)
+    return from_restricted(keep, answer)
 
 
 __all__ = ["promising_strategies", "search_restricted"]

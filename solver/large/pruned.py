@@ -81,18 +81,11 @@ def solve_over(
     """``solve_restricted(restricted, start, deadline)`` on ``problem`` restricted to the sorted strategies
     ``keep[k]`` of each node (which must hold the ``incumbent``'s, the start), its answer mapped back to
     ``problem``'s strategy indices; None without one."""
-    start = None
-    if incumbent is not None:
-        start = np.array(
-            [int(np.searchsorted(kept, s)) for kept, s in zip(keep, incumbent.tolist(), strict=True)]
-        )
     try:
-        answer = solve_restricted(restrict(problem, keep), start, deadline)
+        answer = solve_restricted(restrict(problem, keep), to_restricted(keep, incumbent), deadline)
     except InfeasibleError:  # the kept strategies are forbidden together (or overflow the memory)
         answer = None
-    if answer is None:
-        return None
-    return np.array([int(kept[a]) for kept, a in zip(keep, answer.tolist(), strict=True)], dtype=np.int64)
+    return None if answer is None else from_restricted(keep, answer)
 
 
 def _keep(scores: list[np.ndarray], incumbent: np.ndarray | None, count: int) -> list[np.ndarray]:
@@ -120,4 +113,29 @@ def restrict(problem: CompactProblem, keep: list[np.ndarray]) -> CompactProblem:
     )
 
 
-__all__ = ["KEEP_PER_NODE", "Pruned", "pruned_solve", "restrict", "solve_over"]
+def to_restricted(keep: list[np.ndarray], assignment: np.ndarray | None) -> np.ndarray | None:
+    """``assignment`` (``problem``'s strategy indices) in the indices of `restrict` ``(problem, keep)``; None
+    without one, or when one of its strategies is not kept."""
+    if assignment is None:
+        return None
+    chosen = assignment.tolist()
+    local = [int(np.searchsorted(kept, s)) for kept, s in zip(keep, chosen, strict=True)]
+    if any(i >= len(kept) or kept[i] != s for i, kept, s in zip(local, keep, chosen, strict=True)):
+        return None
+    return np.array(local, dtype=np.int64)
+
+
+def from_restricted(keep: list[np.ndarray], local: np.ndarray) -> np.ndarray:
+    """An answer of `restrict` ``(problem, keep)`` in ``problem``'s strategy indices."""
+    return np.array([int(kept[a]) for kept, a in zip(keep, local.tolist(), strict=True)], dtype=np.int64)
+
+
+__all__ = [
+    "KEEP_PER_NODE",
+    "Pruned",
+    "from_restricted",
+    "pruned_solve",
+    "restrict",
+    "solve_over",
+    "to_restricted",
+]
