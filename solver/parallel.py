@@ -98,16 +98,17 @@ class ForkedSearch:
                     self._take(self._outbox.get(timeout=max(0.01, deadline - time.monotonic())))
                 except queue.Empty:
                     break
-            self._process.join(timeout=0.5)
-            if self._process.is_alive():
-                # a child forked while another thread held a lock (a process group's, the allocator's) can
-                # hang on its way out: ended here and reaped, so no process outlives `stop`
-                self._process.terminate()
-                self._process.join(timeout=1.0)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
             self._ended = True
+        # Reaped even when the search had ended on its own (its last message read by `poll`): it may still be
+        # on its way out, and no process outlives `stop`. A child forked while another thread held a lock (a
+        # process group's, the allocator's) can hang on its way out: ended here.
+        self._process.join(timeout=0.5)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(timeout=1.0)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
         return None if self.best is None else (self.cost, self.best)
 
     def _take(self, message: Answer | None) -> bool:
