@@ -109,6 +109,14 @@ def session_processes(session: int) -> set[int]:
     return found
 
 
+def command_line(pid: int) -> str:
+    """The process's command line ("" once it is gone): which child stayed, in a failure's message."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def pid_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
