@@ -17,7 +17,7 @@ REQUESTS: dict[str, dict[str, Any]] = {
     "gpt2": {"model": "gpt2-small", "mesh": "2x2", "layers": 2, "batch": 4, "seq": 64},
     "llama": {
         "model": "llama3-8b",
-        "mesh": "2x2",
+        "mesh": "4",  # proven optimal in ~1 s (on 2x2: ~15 s per plan, twice)
         "layers": 7,
         "batch": 4,
         "seq": 32,
