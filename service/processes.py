@@ -1,11 +1,16 @@
 """The service's child processes: each one dies with the server (SIGKILL included), and pools of them
 that a request waits on without holding the event loop.
 
-A child polls its parent's pid (:func:`exit_with_parent`): when the server is killed the children notice
-within :data:`PARENT_CHECK_S` and exit, and with them goes multiprocessing's resource tracker (it exits once
-the last process holding its pipe is gone). :class:`ProcessPool` runs functions in such children, at most
-``max_pending`` at once (more: :class:`PoolBusy`), each within a wall-clock limit past which the pool's
-processes are killed and replaced (:class:`PoolFailed`), as when one of them dies.
+Children start from a fork server (:func:`child_context`) that imported torch, the planner, the solver and
+the checking code once: each child is a fork of it, ready in a fraction of a second, where a spawned child
+imported all of that again (4-7 s of CPU for each worker and checker of every server start, and for every
+worker replaced after a canceled job). The fork server exits when the server dies (its pipe from the server
+closes). A child polls its parent's pid (:func:`exit_with_parent`): when the server is killed, the fork
+server goes, its children notice within :data:`PARENT_CHECK_S` that their parent changed and exit, and with
+them goes multiprocessing's resource tracker (it exits once the last process holding its pipe is gone).
+:class:`ProcessPool` runs functions in such children, at most ``max_pending`` at once (more:
+:class:`PoolBusy`), each within a wall-clock limit past which the pool's processes are killed and replaced
+(:class:`PoolFailed`), as when one of them dies.
 """
 
 from __future__ import annotations
@@ -19,10 +24,42 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import forkserver
+from multiprocessing.context import BaseContext
 from typing import Any
 
 log = logging.getLogger("autoshard.processes")
 PARENT_CHECK_S = 0.5
+#: What the fork server imports before its first fork: what the worker, checker and explain processes run.
+PRELOAD = (
+    "torch",
+    "solver.solve",
+    "strategies.plan.planner",
+    "strategies.graph.imported",
+    "strategies.models",
+    "service.planning",
+    "service.explaining",
+    "service.jobs.worker",
+    "service.checker",
+    "service.app.explain",
+)
+
+
+def child_context() -> tuple[BaseContext, int]:
+    """The context the server's children start in (the fork server, started now with `PRELOAD` if it is not
+    running) and the pid each child's parent has: the fork server's."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
+    forkserver.ensure_running()
+    return context, _forkserver_pid()
+
+
+def _forkserver_pid() -> int:
+    # multiprocessing names the fork server's pid only on its private instance (Python 3.8-3.14)
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if not isinstance(pid, int):
+        raise RuntimeError("multiprocessing's fork server has no pid to watch")
+    return pid
 
 
 def exit_with_parent(parent: int) -> None:
@@ -46,7 +83,7 @@ class PoolFailed(Exception):
 
 
 class ProcessPool:
-    """``workers`` spawned processes (started on first use or by :meth:`start`), each running
+    """``workers`` processes from the fork server (started on first use or by :meth:`start`), each running
     ``initializer(parent pid, *initargs)`` first."""
 
     def __init__(
@@ -107,11 +144,12 @@ class ProcessPool:
     def _get(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._executor is None:
+                context, parent = child_context()
                 self._executor = ProcessPoolExecutor(
                     max_workers=self.workers,
-                    mp_context=multiprocessing.get_context("spawn"),
+                    mp_context=context,
                     initializer=self.initializer,
-                    initargs=(os.getpid(), *self.initargs),
+                    initargs=(parent, *self.initargs),
                 )
             return self._executor
 

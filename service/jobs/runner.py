@@ -12,7 +12,6 @@ and applies the retention. Nothing here runs in the event loop.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import socket
 import threading
@@ -25,6 +24,7 @@ from typing import Any
 from service.app.settings import Settings
 from service.jobs.metrics import Metrics
 from service.jobs.worker import worker_main
+from service.processes import child_context
 from service.store import jobs as job_store
 from service.store import plans as plan_store
 from service.store.models import FAILED, QUEUED, SEARCH, SUCCEEDED, Job, search_results_key
@@ -41,11 +41,9 @@ class WorkerProcess:
     """One worker process and the pipe to it; replaced whole when a job must be stopped."""
 
     def __init__(self) -> None:
-        context = multiprocessing.get_context("spawn")
+        context, parent = child_context()
         self.connection, child = context.Pipe()
-        self.process: BaseProcess = context.Process(
-            target=worker_main, args=(child, os.getpid()), daemon=True
-        )
+        self.process: BaseProcess = context.Process(target=worker_main, args=(child, parent), daemon=True)
         self.process.start()
         child.close()
         self.ready = False
