@@ -23,7 +23,7 @@ from service.app.errors import too_busy
 from service.app.settings import Settings
 from service.intake import Intake, Limits, check, read_plan
 from service.planning import BadRequest
-from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_parent
+from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_server
 
 log = logging.getLogger("autoshard.checker")
 WALL_TIMEOUT_FACTOR = 3.0
@@ -96,10 +96,10 @@ class Checker:
         return _answer(outcome, cpu_s)
 
 
-def _start_checker(parent: int) -> None:
+def _start_checker(server: int) -> None:
     """A checker process: dies with the server, yields the CPU to it, one thread of torch, the checking code
     imported and run once (a first check paid 0.3 s more than the next ones in a new server)."""
-    exit_with_parent(parent)
+    exit_with_server(server)
     # Checking a large document takes seconds of CPU; at the server's priority it would take the core the
     # event loop needs for cached reads (p99 of 10.8 s while a 3.7 MiB graph was checked on 2 cores).
     os.nice(CHECKER_NICENESS)

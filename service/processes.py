@@ -5,9 +5,9 @@ Children start from a fork server (:func:`child_context`) that imported torch, t
 the checking code once: each child is a fork of it, ready in a fraction of a second, where a spawned child
 imported all of that again (4-7 s of CPU for each worker and checker of every server start, and for every
 worker replaced after a canceled job). The fork server exits when the server dies (its pipe from the server
-closes). A child polls its parent's pid (:func:`exit_with_parent`): when the server is killed, the fork
-server goes, its children notice within :data:`PARENT_CHECK_S` that their parent changed and exit, and with
-them goes multiprocessing's resource tracker (it exits once the last process holding its pipe is gone).
+closes) and the last child it forked is gone. A child polls the server's pid (:func:`exit_with_server`): when
+the server is killed, the children notice within :data:`PARENT_CHECK_S` and exit, and with them go the fork
+server and multiprocessing's resource tracker (each exits once the last process holding its pipe is gone).
 :class:`ProcessPool` runs functions in such children, at most ``max_pending`` at once (more:
 :class:`PoolBusy`), each within a wall-clock limit past which the pool's processes are killed and replaced
 (:class:`PoolFailed`), as when one of them dies.
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import forkserver
 from multiprocessing.context import BaseContext
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("autoshard.processes")
@@ -45,33 +45,38 @@ PRELOAD = (
 )
 
 
-def child_context() -> tuple[BaseContext, int]:
-    """The context the server's children start in (the fork server, started now with `PRELOAD` if it is not
-    running) and the pid each child's parent has: the fork server's."""
+def child_context() -> BaseContext:
+    """The context the server's children start in: the fork server, with `PRELOAD`."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))
-    forkserver.ensure_running()
-    return context, _forkserver_pid()
+    return context
 
 
-def _forkserver_pid() -> int:
-    # multiprocessing names the fork server's pid only on its private instance (Python 3.8-3.14)
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if not isinstance(pid, int):
-        raise RuntimeError("multiprocessing's fork server has no pid to watch")
-    return pid
-
-
-def exit_with_parent(parent: int) -> None:
-    """Exit this process as soon as ``parent`` is no longer its parent (it died): a watch thread."""
+def exit_with_server(server: int) -> None:
+    """Exit this process as soon as the process ``server`` is gone: a watch thread. The child's own parent is
+    the fork server, which stays while any child it forked lives (each holds its pipe): it cannot tell."""
 
     def watch() -> None:
         while True:
-            if os.getppid() != parent:
+            if not _running(server):
                 os._exit(1)
             time.sleep(PARENT_CHECK_S)
 
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="server-watch", daemon=True).start()
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (a server killed but not yet reaped is gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: the pid was reused, the server is gone
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS): signal 0 said it runs
+        return True
 
 
 class PoolBusy(Exception):
@@ -84,7 +89,7 @@ class PoolFailed(Exception):
 
 class ProcessPool:
     """``workers`` processes from the fork server (started on first use or by :meth:`start`), each running
-    ``initializer(parent pid, *initargs)`` first."""
+    ``initializer(server pid, *initargs)`` first."""
 
     def __init__(
         self,
@@ -144,12 +149,11 @@ class ProcessPool:
     def _get(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._executor is None:
-                context, parent = child_context()
                 self._executor = ProcessPoolExecutor(
                     max_workers=self.workers,
-                    mp_context=context,
+                    mp_context=child_context(),
                     initializer=self.initializer,
-                    initargs=(parent, *self.initargs),
+                    initargs=(os.getpid(), *self.initargs),
                 )
             return self._executor
 

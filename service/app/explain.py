@@ -12,7 +12,7 @@ from service.app.errors import too_busy
 from service.app.settings import Settings
 from service.explaining import explain_or_error
 from service.planning import BadRequest
-from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_parent
+from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_server
 
 EXPLAIN_TIMEOUT_S = 120.0
 KEPT_REPORTS = 512
@@ -51,5 +51,5 @@ async def explain(explainer: Explainer, problem_hash: str, document: str, target
     return report
 
 
-def _start(parent: int) -> None:
-    exit_with_parent(parent)
+def _start(server: int) -> None:
+    exit_with_server(server)

@@ -41,9 +41,11 @@ class WorkerProcess:
     """One worker process and the pipe to it; replaced whole when a job must be stopped."""
 
     def __init__(self) -> None:
-        context, parent = child_context()
+        context = child_context()
         self.connection, child = context.Pipe()
-        self.process: BaseProcess = context.Process(target=worker_main, args=(child, parent), daemon=True)
+        self.process: BaseProcess = context.Process(
+            target=worker_main, args=(child, os.getpid()), daemon=True
+        )
         self.process.start()
         child.close()
         self.ready = False

@@ -5,7 +5,7 @@ multi-MiB graph costs the replica's API process no parsing or pickling), and for
 "cache_url": the service's database, "owner": the job's principal}``. From it: ``("ready",)`` once the
 solver is loaded, ``("progress", record)``, ``("done", document as JSON text, seconds)`` or ``("failed",
 {"type", "message"})``.
-A worker whose parent died exits by itself (a replica killed mid-job leaves no orphan solving on). An
+A worker whose server died exits by itself (a replica killed mid-job leaves no orphan solving on). An
 unexpected error's message is reported without server paths or native backtraces.
 """
 
@@ -22,12 +22,12 @@ PROGRESS_EVERY_S = 0.25
 PHASE_CHANGE_EVERY_S = 0.02
 
 
-def worker_main(connection: Connection, parent: int) -> None:
+def worker_main(connection: Connection, server: int) -> None:
     """The worker's loop (the target of its process). Ctrl-C is its replica's to handle."""
-    from service.processes import exit_with_parent
+    from service.processes import exit_with_server
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_with_parent(parent)
+    exit_with_server(server)
     from service import planning
 
     _warm_up(planning)

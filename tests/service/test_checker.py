@@ -14,7 +14,7 @@ import pytest
 
 from service.checker import _answer, _checked
 from service.planning import BadRequest
-from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_parent
+from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_server
 from tests.service.server import pid_alive
 
 
@@ -54,7 +54,7 @@ def test_a_refusal_crosses_the_process_boundary_naming_its_field() -> None:
 
 
 def test_a_pool_renews_itself_after_a_stuck_or_dead_process_and_answers_busy_when_full() -> None:
-    pool = ProcessPool("test", workers=1, max_pending=1, initializer=exit_with_parent)
+    pool = ProcessPool("test", workers=1, max_pending=1, initializer=exit_with_server)
 
     async def scenario() -> None:
         with pytest.raises(PoolFailed, match=r"more than 0\.5 s"):
@@ -81,8 +81,8 @@ def test_a_child_exits_when_its_parent_dies() -> None:
             "-c",
             "import os, subprocess, sys, time\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import os, time\\n"
-            "from service.processes import exit_with_parent\\n"
-            "exit_with_parent(os.getppid())\\n"
+            "from service.processes import exit_with_server\\n"
+            "exit_with_server(os.getppid())\\n"
             "time.sleep(60)'])\n"
             "print(child.pid, flush=True)\n"
             "time.sleep(60)",
@@ -121,5 +121,5 @@ def test_a_pool_says_it_has_started_once_its_initializers_have_run() -> None:
 
 
 def _slow_start(parent: int, seconds: float) -> None:
-    exit_with_parent(parent)
+    exit_with_server(parent)
     time.sleep(seconds)
