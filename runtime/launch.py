@@ -19,6 +19,7 @@ import math
 import multiprocessing
 import os
 import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -140,15 +141,26 @@ def rank_main(options: RunOptions) -> dict[str, Any]:
     dist.init_process_group(options.backend)
     try:
         report = run_rank(options)
-    except PlanMismatch as error:
-        raise RuntimeError(f"{ERROR_MARK}{EXIT_BAD_INPUT}:{error}") from None
-    except (CheckFailed, OpFailed) as error:
-        raise RuntimeError(f"{ERROR_MARK}{EXIT_FAILED}:{error}") from None
+    except BaseException as error:
+        if any(words in str(error) for words in LOST_PEER):
+            time.sleep(LOST_PEER_GRACE_S)  # the launcher sees the dead peer first and names it
+        if isinstance(error, PlanMismatch):
+            raise RuntimeError(f"{ERROR_MARK}{EXIT_BAD_INPUT}:{error}") from None
+        if isinstance(error, (CheckFailed, OpFailed)):
+            raise RuntimeError(f"{ERROR_MARK}{EXIT_FAILED}:{error}") from None
+        raise
     finally:
         dist.destroy_process_group()
     if options.report and int(os.environ.get("RANK", "0")) == 0:
         Path(options.report).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return report
+
+
+#: What a rank's error says when a peer died under a collective (gloo; NCCL), and how long that rank waits
+#: before failing: the launcher reports the first rank it sees fail, and a survivor's "Connection reset by
+#: peer" (at once) would hide the rank that died (seen with ranks forked from the fork server).
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "remote process exited")
+LOST_PEER_GRACE_S = 2.0
 
 
 #: How a rank marks the message of an expected failure (bad input, a failed check) for the launcher.
@@ -167,8 +179,11 @@ class _ExpectedFailures(logging.Filter):
 
 
 def _failure(error: Any) -> RunFailed:
-    """The first failed rank's error as one message (its own words when it said them)."""
-    rank, failure = min(error.failures.items())
+    """The failed rank's error as one message (its own words when it said them): a rank killed by a signal
+    before any other (the others then fail in their collectives: "Connection reset by peer"), else the
+    lowest failed rank."""
+    killed = {rank: failure for rank, failure in error.failures.items() if failure.exitcode < 0}
+    rank, failure = min((killed or error.failures).items())
     message = failure.message
     text = message.get("message", "") if isinstance(message, dict) else str(message or "")
     text = text if isinstance(text, str) else json.dumps(text)

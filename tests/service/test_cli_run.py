@@ -143,7 +143,7 @@ def test_a_rank_killed_mid_run_ends_the_run_naming_it(pair_plan: Path) -> None:
         for line in launcher.stderr:  # rank 0's progress: the ranks are training
             if line.startswith("step 2:") or time.monotonic() > deadline:
                 break
-        ranks = _spawned_children(launcher.pid)
+        ranks = _ranks(launcher.pid)
         assert len(ranks) == 2, ranks
         os.kill(ranks[-1], signal.SIGKILL)
         killed_at = time.monotonic()
@@ -158,18 +158,24 @@ def test_a_rank_killed_mid_run_ends_the_run_naming_it(pair_plan: Path) -> None:
     ), last
 
 
-def _spawned_children(pid: int) -> list[int]:
-    """The processes ``pid`` started with multiprocessing's spawn (the ranks), in the order started."""
-    children = []
+def _ranks(launcher: int) -> list[int]:
+    """The ranks of a launcher, in the order started: what its fork server forked (or, where ranks are
+    spawned, what it spawned)."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes().decode(errors="replace")
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == pid and "multiprocessing.spawn" in command:
-            children.append(int(entry.name))
-    return sorted(children)
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    ranks = []
+    for child in children.get(launcher, []):
+        if "multiprocessing.forkserver" in commands[child]:
+            ranks += children.get(child, [])
+        elif "multiprocessing.spawn" in commands[child]:
+            ranks.append(child)
+    return sorted(ranks)
