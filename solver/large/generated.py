@@ -64,7 +64,8 @@ LP_TOLERANCE = 1e-9
 CLOSED_GAP_SHARE = 0.05
 #: HiGHS's cut pool (``mip_pool_soft_limit``, default 10,000) for the MIPs over the LP's support: with 100,
 #: T5's took 1.3 s instead of 2.2 s and its widened one 0.8 instead of 2.5, BERT's 0.5 instead of 1.5 (CPU);
-#: on the whole master it helped nowhere (BERT 6.0 -> 7.8 s).
+#: on the whole master it helped nowhere (BERT 6.0 -> 7.8 s). T5's widened MIP is sensitive to it (the
+#: same program and start, CPU s: 20 -> 3.7, 50 -> 4.7-6.3, 100 -> 1.5-1.7, 200 -> 6.0-6.3, 1,000 -> 1.3-1.4).
 SUPPORT_CUT_POOL = 100
 #: The search around the peak after those MIPs stops after this many regions in a row that improved nothing,
 #: or after this share of the time the solve took before it (T5 at half memory, 8.7 s before it: 2412.8 ->
