@@ -12,7 +12,7 @@ over the strategies it found promising:
   TRW-S at those prices bounds the whole problem at its LP's level and names the strategies to add; then
   MIPs over the master LP's support, then widened by the incumbent's strategies, then the search around the
   peak, each until its answer is proven within the gap. On the 13 2-layer transformers of the zoo at half
-  their replicated peak (issue 24) this proves 1% in 0.5-4.5 s (T5: 4.6-5.8 s), where the whole program's LP
+  their replicated peak (issue 24) this proves 1% in 0.5-4.5 s (T5: 3.9-4.2 s), where the whole program's LP
   took 2-30 s or more, HiGHS on it found nothing within 1% in a minute and the search's root stopped 1-3%
   below the LP (before: up to the whole 60 s, gaps up to 7%);
 
@@ -150,7 +150,7 @@ GENERATION_MAX_COLUMNS = 1_000_000
 #: the gap, took 2.4-5.6 s on GPT-2 where column generation's answer came in 1 s.
 TIGHT_PRICE_SHARE = 0.1
 #: ... and column generation gets up to this share of the time left (rather than `RESTRICTED_SHARE`): there
-#: it is the main path (T5 at half memory: 4.6-5.8 s to its answer within 1%), and where it converges the
+#: it is the main path (T5 at half memory: 3.9-4.2 s to its answer within 1%), and where it converges the
 #: solve ends with it.
 TIGHT_GENERATION_SHARE = 0.5
 #: Where the memory limit binds somewhere (`binding_memory_times`), the whole program gets this share of the

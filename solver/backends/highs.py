@@ -255,10 +255,12 @@ def _run_mip(
     extra_rows: _ExtraRows | None = None,
     target: float = -math.inf,
     cut_pool: int | None = None,
+    give_up: float = math.inf,
 ) -> BackendResult:
     """HiGHS branch-and-bound on ``program`` (with ``col_upper`` instead of its upper bounds, if given, and
     the memory rows ``extra_rows`` added); it stops once an answer costs at most ``target`` (HiGHS's
-    ``objective_target``: a bound from outside proves such an answer close enough)."""
+    ``objective_target``: a bound from outside proves such an answer close enough), or once its own bound
+    is above ``give_up`` (no answer at that cost or below is left in the program)."""
     begun = time.perf_counter()
     highs = quiet_highs()
     highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
@@ -283,6 +285,8 @@ def _run_mip(
             highs.setSolution(solution)
     first_found: list[float] = []
     _subscribe_progress(highs, program, started if started is not None else begun, progress, first_found)
+    if math.isfinite(give_up):
+        _stop_above(highs, give_up - program.constant)
     if highs.run() == highspy.HighsStatus.kError:
         status = highs.modelStatusToString(highs.getModelStatus())
         raise RuntimeError(f"HiGHS failed: model status {status}")
@@ -317,6 +321,7 @@ def _run_mip(
                 extra_rows,
                 target,
                 cut_pool,
+                give_up,
             )
         return BackendResult(FEASIBLE, assignment, objective, bound, seconds, seconds)
     status = OPTIMAL if model_status == highspy.HighsModelStatus.kOptimal else FEASIBLE
@@ -332,15 +337,26 @@ def solve_mip(
     target: float = -math.inf,
     relative_gap: float = 0.0,
     cut_pool: int | None = None,
+    give_up: float = math.inf,
 ) -> BackendResult:
     """HiGHS's branch-and-bound on ``program`` as it stands -- no relaxation first, no memory row separated
     (a program with every row it needs) -- until its answer is proven within ``relative_gap`` of its own
-    bound, ``time_limit`` seconds, or an answer that costs at most ``target`` (a bound from outside the
-    program proves it close enough). ``cut_pool``: HiGHS's ``mip_pool_soft_limit`` instead of its 10,000
+    bound, ``time_limit`` seconds, an answer that costs at most ``target`` (a bound from outside the
+    program proves it close enough), or its own bound above ``give_up`` (the caller has a larger program to
+    search for such an answer). ``cut_pool``: HiGHS's ``mip_pool_soft_limit`` instead of its 10,000
     (`solver.large.generated`'s small programs)."""
     if (empty := empty_program_result(program)) is not None:
         return empty
-    return _run_mip(program, time_limit, threads, warm_start, relative_gap, target=target, cut_pool=cut_pool)
+    return _run_mip(
+        program,
+        time_limit,
+        threads,
+        warm_start,
+        relative_gap,
+        target=target,
+        cut_pool=cut_pool,
+        give_up=give_up,
+    )
 
 
 @dataclass(frozen=True)
@@ -761,6 +777,17 @@ def _to_highs_lp(program: IntegerProgram, extra_rows: _ExtraRows | None = None) 
         for flag in program.is_integer.tolist()
     ]
     return lp
+
+
+def _stop_above(highs: highspy.Highs, bound: float) -> None:
+    """Interrupt ``highs``'s branch-and-bound once its dual bound (without the program's constant) is above
+    ``bound``; the answer it has then, if any, is kept."""
+
+    def check(event: object) -> None:
+        if float(event.data_out.mip_dual_bound) > bound:  # type: ignore[attr-defined]
+            event.data_in.user_interrupt = True  # type: ignore[attr-defined]
+
+    highs.cbMipInterrupt.subscribe(check)
 
 
 def _subscribe_progress(

@@ -25,7 +25,10 @@ binding memory row included, and its LP says what the whole one would:
    over the whole problem from the best answer until proven or stalled (`PEAK_PATIENCE`): the MIP over the
    whole master found nothing better in 20 s on T5, the search 0.35% in its first 8 regions. The time left
    is split evenly among the steps still to run. Each MIP also ends once proven within ``polish_gap`` of
-   its own bound (nothing much better left there). With ``polish``, the support's MIP (a small program) is
+   its own bound (nothing much better left there), and one that a wider one follows ends once its own
+   bound is above what would prove the gap (T5: the support's MIP, whose optimum 2412.8 is 1.4% above the
+   bound, stopped after 0.2-0.3 s at its root instead of 1.1-1.3 s to that optimum; the widened MIP finds
+   2402.1 without it as its start). With ``polish``, the support's MIP (a small program) is
    solved to ``polish_gap`` of the pricing's bound even where the gap is proven (llama3-8b, 8 layers on 8x8:
    its optimum, where the first answer within 1% was 0.9% above; on the tight programs it cost Gemma 3.5 s).
 
@@ -61,7 +64,8 @@ LP_TOLERANCE = 1e-9
 CLOSED_GAP_SHARE = 0.05
 #: HiGHS's cut pool (``mip_pool_soft_limit``, default 10,000) for the MIPs over the LP's support: with 100,
 #: T5's took 1.3 s instead of 2.2 s and its widened one 0.8 instead of 2.5, BERT's 0.5 instead of 1.5 (CPU);
-#: on the whole master it helped nowhere (BERT 6.0 -> 7.8 s).
+#: on the whole master it helped nowhere (BERT 6.0 -> 7.8 s). T5's widened MIP is sensitive to it (the
+#: same program and start, CPU s: 20 -> 3.7, 50 -> 4.7-6.3, 100 -> 1.5-1.7, 200 -> 6.0-6.3, 1,000 -> 1.3-1.4).
 SUPPORT_CUT_POOL = 100
 #: The search around the peak after those MIPs stops after this many regions in a row that improved nothing,
 #: or after this share of the time the solve took before it (T5 at half memory, 8.7 s before it: 2412.8 ->
@@ -170,13 +174,19 @@ def generate_and_solve(
         if best.within(bound, gap) or now >= deadline - 0.1:
             return result()
         until = now + (deadline - now) / (len(neighbourhoods) + 1 - index)
+        target = best.target(bound, gap)
+        # A MIP that a larger one follows only looks for an answer within the gap: once its own bound is above
+        # the target, the larger program gets the time (T5: the support's MIP, 2412.7 at best where 2402.5 was
+        # needed, took 1.1-1.3 s to its optimum where its bound passed the target after 0.2 s).
+        last = index == len(neighbourhoods) - 1 or gap != relative_gap
         inner = _solve_restricted(
             restrict(restricted, neighbourhood),
             until,
             threads,
             to_restricted(neighbourhood, to_restricted(keep, best.assignment)),
-            best.target(bound, gap),
+            target,
             polish_gap,
+            math.inf if last else target,
         )
         if inner is not None:
             best.offer(from_restricted(keep, from_restricted(neighbourhood, inner)))
@@ -266,13 +276,15 @@ def _solve_restricted(
     start: np.ndarray | None,
     target: float,
     relative_gap: float,
+    give_up: float = math.inf,
 ) -> np.ndarray | None:
     """HiGHS's MIP on ``restricted`` with every binding memory row (`SUPPORT_CUT_POOL`), until ``deadline``,
-    an answer that costs at most ``target`` or one within ``relative_gap`` of its own bound; its answer
-    (``restricted``'s indices) or None."""
+    an answer that costs at most ``target``, one within ``relative_gap`` of its own bound, or its own bound
+    above ``give_up``; its answer (``restricted``'s indices) or None."""
     program = build_program(restricted, memory_times=binding_memory_times(restricted))
     seconds = max(0.05, deadline - time.perf_counter())
-    return solve_mip(program, seconds, threads, start, target, relative_gap, SUPPORT_CUT_POOL).assignment
+    result = solve_mip(program, seconds, threads, start, target, relative_gap, SUPPORT_CUT_POOL, give_up)
+    return result.assignment
 
 
 __all__ = ["Generated", "generate_and_solve"]

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from solver.backends.highs import solve_relaxation
+from solver.backends.base import OPTIMAL
+from solver.backends.highs import solve_mip, solve_relaxation
 from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import compact
 from solver.evaluate import evaluate
@@ -19,11 +20,14 @@ from solver.problem import Problem
 from tests.solver.random_problems import brute_force, random_problem
 
 
-def _tight_chain(rng: np.random.Generator) -> Problem:
-    """A chain of 4-7 nodes (2-4 strategies) whose memory terms overlap three at a time, the limit halfway
-    between the least and the largest peak: the memory rows bind and the LP mixes placements."""
-    n = int(rng.integers(4, 8))
-    counts = rng.integers(2, 5, size=n)
+def _tight_chain(
+    rng: np.random.Generator, nodes: int | None = None, strategies: tuple[int, int] = (2, 5)
+) -> Problem:
+    """A chain of ``nodes`` (default 4-7) nodes (``strategies``: 2-4) whose memory terms overlap three at a
+    time, the limit halfway between the least and the largest peak: the memory rows bind and the LP mixes
+    placements."""
+    n = int(rng.integers(4, 8)) if nodes is None else nodes
+    counts = rng.integers(*strategies, size=n)
     usages = [rng.integers(1, 20, size=c) for c in counts]
     intervals = [[k, k + 3] for k in range(n)]
     least = max(sum(int(usages[j].min()) for j in range(max(0, t - 2), t + 1)) for t in range(n))
@@ -99,3 +103,26 @@ def test_bounds_hold_and_answers_fit_and_never_lose_the_incumbent(seed: int) -> 
         assert optimum - 1e-6 <= result.cost <= searched.cost, case
         answered += 1
     assert answered >= 15
+
+
+def test_a_mip_gives_up_once_its_bound_passes_what_it_looks_for() -> None:
+    # `solve_mip`'s ``give_up`` (the support's MIP when a wider one follows): below the relaxation's value,
+    # HiGHS stops at its root instead of proving its optimum; its bound is then past ``give_up``, still a
+    # bound, and an answer it has kept is a whole one.
+    stopped = 0
+    for seed in range(5):
+        problem = _tight_chain(np.random.default_rng(seed), nodes=30, strategies=(3, 6))
+        core = compact(problem)
+        program = build_program(core, memory_times=binding_memory_times(core))
+        relaxation = solve_relaxation(program, 10.0, 1)
+        assert relaxation is not None
+        optimum = solve_mip(program, 10.0, 1)
+        assert optimum.status == OPTIMAL
+        give_up = relaxation.objective - 1.0
+        result = solve_mip(program, 10.0, 1, give_up=give_up)
+        assert give_up < result.bound <= optimum.objective + 1e-6, seed
+        if result.assignment is not None:
+            assert result.objective >= optimum.objective - 1e-6
+            assert evaluate(problem, core.lift(result.assignment)).feasible
+        stopped += result.status != OPTIMAL
+    assert stopped >= 3
