@@ -1,10 +1,11 @@
-"""Four spawned ranks of one gloo group on 127.0.0.1, running jobs sent to them.
+"""Four ranks of one gloo group on 127.0.0.1, running jobs sent to them.
 
 One group serves the whole session (the `ranks` fixture of `tests/conftest.py`): starting one costs ~7 s and
 stopping it ~2.5 s, and the runtime and conformance modules would pay that ten times. A group whose rank died
 or whose job timed out is replaced before the next module uses it, so one module's crash stays its own.
 
-A job is a module-level function and its arguments (both pickled); every rank runs it and answers its result,
+The ranks are forked from multiprocessing's fork server (`PRELOAD` imported there once). A job is a
+module-level function and its arguments (both pickled); every rank runs it and answers its result,
 or :class:`RankError` with the exception's last line and traceback. The ranks join the group, set one thread
 each (two cores, four ranks) and register autoshard's rules with DTensor before saying they are ready. A job
 that takes longer than `JOB_TIMEOUT_S`, or whose rank dies, fails the caller instead of hanging it.
@@ -41,9 +42,22 @@ class RankError:
     traceback: str
 
 
+#: What the ranks' fork server imports once: each rank (and each group replacing a broken one) is then a fork
+#: of it, not an interpreter importing torch, DTensor and the runtime again (~4 s of CPU per rank on 2 cores).
+PRELOAD = (
+    "tests.gloo_ranks",
+    "torch.distributed",
+    "runtime.worker",
+    "runtime.planned_step",
+    "strategies.ops.dtensor_bridge",
+    "strategies.plan.planner",
+)
+
+
 class GlooRanks:
     def __init__(self) -> None:
-        context = mp.get_context("spawn")
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(list(PRELOAD))
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
