@@ -27,6 +27,8 @@ chromium:
 	else echo "autoshard: install Chromium (Debian's chromium package, /usr/bin/chromium): the report's browser test drives it"; fi
 
 # Installs torch first (pinned: a bare `torch` requirement would pull a CUDA build), then the project.
+# pip compiles every module's bytecode here: with PYTHONDONTWRITEBYTECODE set (our machines and CI set it),
+# nothing compiled later is kept, and `--no-compile` (install 109 -> 45 s) made the suite 6 min slower.
 # --no-compile: Python compiles a module's bytecode when it is first imported; compiling every module of every
 # package at install (transformers' thousands, most never imported) took 109 s of the project's install, 45 s
 # without.
