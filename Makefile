@@ -29,14 +29,11 @@ chromium:
 # Installs torch first (pinned: a bare `torch` requirement would pull a CUDA build), then the project.
 # pip compiles every module's bytecode here: with PYTHONDONTWRITEBYTECODE set (our machines and CI set it),
 # nothing compiled later is kept, and `--no-compile` (install 109 -> 45 s) made the suite 6 min slower.
-# --no-compile: Python compiles a module's bytecode when it is first imported; compiling every module of every
-# package at install (transformers' thousands, most never imported) took 109 s of the project's install, 45 s
-# without.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile "torch==$(TORCH_VERSION)"
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[dev]"
+	$(BIN)/python -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	$(BIN)/python -m strategies.plan.warm_up  # numba's cache: the first plan starts at once
 	touch $(STAMP)
 
