@@ -179,11 +179,8 @@ class _ExpectedFailures(logging.Filter):
 
 
 def _failure(error: Any) -> RunFailed:
-    """The failed rank's error as one message (its own words when it said them): a rank killed by a signal
-    before any other (the others then fail in their collectives: "Connection reset by peer"), else the
-    lowest failed rank."""
-    killed = {rank: failure for rank, failure in error.failures.items() if failure.exitcode < 0}
-    rank, failure = min((killed or error.failures).items())
+    """The first failed rank's error as one message (its own words when it said them)."""
+    rank, failure = min(error.failures.items())
     message = failure.message
     text = message.get("message", "") if isinstance(message, dict) else str(message or "")
     text = text if isinstance(text, str) else json.dumps(text)

@@ -58,14 +58,14 @@ def exit_with_server(server: int) -> None:
 
     def watch() -> None:
         while True:
-            if not _running(server):
+            if not process_running(server):
                 os._exit(1)
             time.sleep(PARENT_CHECK_S)
 
     threading.Thread(target=watch, name="server-watch", daemon=True).start()
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
     """``pid`` exists and is not a zombie (a server killed but not yet reaped is gone)."""
     try:
         os.kill(pid, 0)

@@ -14,8 +14,7 @@ import pytest
 
 from service.checker import _answer, _checked
 from service.planning import BadRequest
-from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_server
-from tests.service.server import pid_alive
+from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_server, process_running
 
 
 def spin(seconds: float) -> str:
@@ -97,7 +96,7 @@ def test_a_child_exits_when_its_parent_dies() -> None:
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 5
-    while pid_alive(child):
+    while process_running(child):
         assert time.monotonic() < deadline, "the child outlived its parent"
         time.sleep(0.05)
 

@@ -18,9 +18,10 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from service.client import AutoshardClient, ServiceError
+from service.processes import process_running
 from tests.bundled_data import INSTANCE_G
 from tests.service.postgres import PostgresServer, free_port
-from tests.service.server import ServerProcess, pid_alive
+from tests.service.server import ServerProcess
 from tests.strategies.graph.graph_documents import exported_text
 
 WRITER, READER, MONITOR = "writer-token", "reader-token", "monitor-token"
@@ -93,7 +94,7 @@ def test_cancel_stops_the_worker_process(server: ServerProcess, client: Autoshar
     (worker,) = server.worker_pids()
     assert client.cancel(job["id"])["state"] == "canceled"
     deadline = time.monotonic() + 10
-    while pid_alive(worker):
+    while process_running(worker):
         assert time.monotonic() < deadline, "the canceled job's worker is still running"
         time.sleep(0.1)
     assert client.job(job["id"])["state"] == "canceled"
@@ -160,7 +161,7 @@ def test_a_job_in_flight_when_the_server_dies_completes_after_the_restart(tmp_pa
         (worker,) = first.worker_pids()
         first.kill()
         deadline = time.monotonic() + 5
-        while pid_alive(worker):  # a worker whose server died stops on its own
+        while process_running(worker):  # a worker whose server died stops on its own
             assert time.monotonic() < deadline, "orphaned worker still running"
             time.sleep(0.1)
         with create_engine(url).connect() as connection:

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 
 from service.app.main import create_app
 from service.app.settings import Settings
+from service.processes import process_running
 from service.store import jobs as job_store
 from tests.bundled_data import EXAMPLE, INSTANCE_G
-from tests.service.server import pid_alive
 
 MLP = {"model": "mlp", "mesh": {"shape": [4]}, "solver": {"time_limit_s": 5}}
 EXAMPLE_OPTIMUM = 445
@@ -121,7 +121,7 @@ def test_cancel_terminates_the_worker_process_running_the_job(client: TestClient
     canceled = client.delete(f"/v1/jobs/{job_id}").json()
     assert canceled["state"] == "canceled"
     deadline = time.monotonic() + 20  # stopped, well before its 60 s
-    while pid_alive(worker.pid):  # not worker.join(): the runner joins it too, and two waitpids race
+    while process_running(worker.pid):  # not worker.join(): the runner joins it too, and two waitpids race
         assert time.monotonic() < deadline, client.get(f"/v1/jobs/{job_id}").json()
         time.sleep(0.05)
     assert wait_for(client, job_id, ("canceled",))["finished_at"] is not None
@@ -148,6 +148,6 @@ def test_a_job_past_its_time_limit_and_grace_is_stopped_and_failed(tmp_path: Pat
         assert job["state"] == "failed" and job["error"]["type"] == "timeout", job
         assert job["finished_at"] - job["started_at"] < 5
         deadline = time.monotonic() + 10
-        while pid_alive(worker.pid):  # the runner reaps it (a join here would race the runner's)
+        while process_running(worker.pid):  # the runner reaps it (a join here would race the runner's)
             assert time.monotonic() < deadline, "the timed-out job's worker is still running"
             time.sleep(0.05)
