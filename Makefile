@@ -6,9 +6,15 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
 IOPDDL := benchmarks/data/iopddl
 
-.PHONY: setup postgres chromium demo test bench lint clean
+.PHONY: setup bytecode postgres chromium demo test bench lint clean
 
 setup: $(STAMP)
+
+# Our own modules' bytecode, compiled now: the editable install leaves them to be compiled at import, and with
+# PYTHONDONTWRITEBYTECODE set (our machines and CI) every process compiled them again (~0.4 s to import the
+# planner and the service; `make test` starts hundreds of processes). Only what changed since is compiled.
+bytecode: setup
+	@$(BIN)/python -m compileall -q -j 0 strategies solver runtime service tests benchmarks
 
 # PostgreSQL server binaries for the service's tests (they start a throwaway server): Debian's package when
 # initdb is missing and we are root (CI is); otherwise say what to install.
@@ -37,7 +43,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m strategies.plan.warm_up  # numba's cache: the first plan starts at once
 	touch $(STAMP)
 
-demo: setup
+demo: bytecode
 	@echo "== autoshard solve: the IOPDDL example (optimum 445) =="
 	$(BIN)/autoshard solve $(IOPDDL)/example.json --backend highs --time-limit 10
 	@echo "== autoshard solve: IOPDDL instance G (816 nodes, contest limit 120 s) =="
@@ -51,7 +57,7 @@ demo: setup
 # The tests marked `alone` measure latency and run afterwards with nothing beside them.
 TEST_PROCESSES ?= 2
 
-test: setup postgres chromium
+test: bytecode postgres chromium
 	status=0; \
 	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not alone" || status=$$?; \
 	$(BIN)/python -m pytest -m alone || status=$$?; \
