@@ -79,12 +79,33 @@ def _time_lines(predicted: dict[str, Any]) -> list[str]:
 
 
 def _memory_line(plan: dict[str, Any]) -> str:
-    peak = plan["predicted"]["peak_memory_bytes"]
+    predicted = plan["predicted"]
+    peak = predicted["peak_memory_bytes"]
     budget = plan.get("request", {}).get("memory_gib")
     text = f"peak memory per device {bytes_text(peak)}"
     if budget:
-        text += f" of {budget:g} GiB budget ({100 * peak / (budget * 2**30):.0f}%)"
+        limit, what = budget * 2**30, f"{budget:g} GiB budget"
+    else:
+        limit, what = _capacity(plan.get("mesh", {}).get("hardware")), "the device's memory"
+    if limit:
+        text += f" of {what} ({100 * peak / limit:.0f}%, {bytes_text(max(limit - peak, 0))} left)"
+    fastest = predicted.get("fastest")
+    if fastest:
+        slower = predicted["step_time_s"] / fastest["step_time_s"] - 1 if fastest["step_time_s"] else 0.0
+        text += (
+            f"; the fastest plan peaks at {bytes_text(fastest['peak_memory_bytes'])} "
+            f"({100 * slower:.2f}% faster): this one keeps the headroom"
+        )
     return text
+
+
+def _capacity(hardware: Any) -> float | None:
+    """The memory of a plan's hardware preset; None for any other name (a plan from a hardware file: its
+    path is never opened here, where the plan may be a client's)."""
+    from strategies.cost.hardware import PRESETS
+
+    preset = PRESETS.get(hardware) if isinstance(hardware, str) else None
+    return float(preset.memory_bytes) if preset is not None else None
 
 
 def _certificate_line(solver: dict[str, Any]) -> str:

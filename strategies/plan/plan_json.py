@@ -30,10 +30,14 @@ MEMORY_PROFILE_POINTS = 256
 
 
 def make_plan(
-    built: BuiltProblem, result: SolveResult, request: dict[str, Any] | None = None
+    built: BuiltProblem,
+    result: SolveResult,
+    request: dict[str, Any] | None = None,
+    fastest: SolveResult | None = None,
 ) -> dict[str, Any]:
     """Plan JSON for a solved problem; ``request`` (model, mesh, budget, …) is kept so the plan can be
-    explained and reproduced."""
+    explained and reproduced. ``fastest``: the time-optimal solve's answer where the plan is another one
+    (:mod:`solver.headroom`), kept as ``predicted.fastest`` (its step time and peak)."""
     if result.solution is None:
         raise ValueError(f"no plan: the solver returned no solution ({result.status}: {result.message})")
     chosen = np.asarray(result.solution, dtype=np.int64)
@@ -63,6 +67,12 @@ def make_plan(
     positions, live_bytes = usage_profile(built.problem, chosen)
     predicted["peak_memory_bytes"] = int(live_bytes.max(initial=0))
     predicted["memory_profile"] = memory_profile(positions, live_bytes)
+    if fastest is not None and fastest.solution is not None and list(fastest.solution) != list(chosen):
+        quickest = np.asarray(fastest.solution, dtype=np.int64)
+        predicted["fastest"] = {
+            "step_time_s": predict(built, quickest)["step_time_s"],
+            "peak_memory_bytes": int(usage_profile(built.problem, quickest)[1].max(initial=0)),
+        }
     mesh = built.mesh
     return {
         "version": PLAN_VERSION,

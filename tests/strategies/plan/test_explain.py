@@ -22,7 +22,8 @@ from strategies.plan.planner import PlanRequest, plan_model
 
 @pytest.fixture(scope="module")
 def outcome():
-    result = plan_model(PlanRequest(model="mlp", mesh="4", batch=65536, time_limit=60.0))
+    # gap 0: the optimum (within a gap the plan may trade up to it for a smaller peak: `solver.headroom`)
+    result = plan_model(PlanRequest(model="mlp", mesh="4", batch=65536, time_limit=60.0, gap=0.0))
     assert result.result.status == "optimal"
     return result
 

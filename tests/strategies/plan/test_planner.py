@@ -112,3 +112,22 @@ def test_the_plan_json_has_the_documented_fields(tmp_path) -> None:
     for key in ("backend", "status", "objective", "bound", "gap", "seconds", "variables", "constraints"):
         assert key in plan["solver"]
     json.loads(json.dumps(plan))  # serialisable as is
+
+
+def test_within_the_gap_the_plan_with_the_least_peak_is_taken() -> None:
+    # The data-parallel MLP (tiny weights, big batch): sharding its weights (and their Adam state) on the
+    # mesh costs 0.5% of step time and frees their replicas; within the 1% asked for, that plan is taken.
+    gap = 0.01
+    plan = plan_model(PlanRequest(model="mlp", mesh="4", batch=65536, time_limit=60, gap=gap)).plan
+    predicted, solver = plan["predicted"], plan["solver"]
+    fastest = predicted["fastest"]
+    assert predicted["peak_memory_bytes"] < fastest["peak_memory_bytes"]
+    assert fastest["step_time_s"] < predicted["step_time_s"]
+    assert solver["objective"] <= solver["bound"] / (1 - gap) and solver["gap"] <= gap
+    assert plan["parameters"]["w1.weight"] == ["S(0)"]
+
+
+def test_a_hand_written_layout_is_planned_as_it_is_without_headroom() -> None:
+    plan = plan_model(PlanRequest(model="mlp", mesh="4", batch=65536, baseline="ddp")).plan
+    assert "fastest" not in plan["predicted"]
+    assert all(spec == ["R"] for spec in plan["parameters"].values())
