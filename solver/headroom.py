@@ -16,8 +16,12 @@ known, at `DESCENT_SHARE` of the best peak, then halfway between the floor and t
 the best answer has used less than `ROOM_USED` of the room under the cap.
 llama3-8b, batch 16 x 8192 on 8 devices (dp): the fastest plan peaks at 221 GiB, one 0.08% slower at 162 GiB
 (the smallest peak any plan reaches is 147.2 GiB); on 8x8 (dp, tp): 39.1 GiB, and 36.9 GiB at +0.94%.
-A probe is a heuristic answer, not a proof: a solve that stops within its gap above the cap may have missed an
-answer under it, so the peak found is an upper bound of the program's optimum.
+The pass is bounded by its time, and a probe given little time may end worse than one given more (the solve
+splits its limit among its phases: llama3-8b on 8x8 under 37.2 GiB ended at +0.88% of the fastest cost in
+~1 s when given 10-60 s, at +2.1% in 2.9-4.8 s when given 3-5 s, and, given 10 s again in another process,
+at +1.04% in 7.7 s: the tight solve's time varies run to run). A probe is a heuristic answer, not a proof:
+a solve that stops within its gap above the cap may have missed an answer under it, so the peak found is an
+upper bound of the program's optimum.
 """
 
 from __future__ import annotations
@@ -32,10 +36,6 @@ from solver.solve import SolveResult, solve
 
 #: Probes (solves under a memory limit) at most.
 MAX_PROBES = 4
-#: A probe's own time limit at least (the solve splits its limit among its phases, and a short one ends
-#: worse and no sooner: llama3-8b on 8x8 under 37.2 GiB, given 10, 20 or 60 s, ends in ~1 s at +0.88% of
-#: the fastest cost; given 3 or 5 s, in 2.9-4.8 s at +2.1%).
-PROBE_MIN_S = 10.0
 #: Stop once an answer has used this share of the room between the fastest cost and the cap.
 ROOM_USED = 0.8
 #: Stop once the best peak is within this share of the floor (a tighter limit could win little).
@@ -65,16 +65,13 @@ def with_headroom(
     time_limit: float,
     backend: str = "auto",
     threads: int = 2,
-    hard_limit: float | None = None,
 ) -> Headroom:
     """The answer of least peak found under the cap (module docstring), starting from ``fastest`` (a solve
-    of ``problem`` with a solution and its peak): probes start within ``time_limit`` seconds, each given at
-    least `PROBE_MIN_S`, and none runs past ``hard_limit`` seconds (default: ``time_limit``). The result
-    keeps ``fastest``'s bound and reports its own cost, peak and gap against it (``feasible`` unless its
-    cost is the bound)."""
+    of ``problem`` with a solution and its peak), within ``time_limit`` seconds (each probe gets what is
+    left of them). The result keeps ``fastest``'s bound and reports its own cost, peak and gap against it
+    (``feasible`` unless its cost is the bound)."""
     started = time.perf_counter()
     deadline = started + time_limit
-    hard_deadline = started + (time_limit if hard_limit is None else max(hard_limit, time_limit))
     if fastest.solution is None or fastest.cost is None or fastest.peak_usage is None:
         raise ValueError("headroom: the fastest solve has no answer to start from")
     cap = fastest.bound / (1.0 - relative_gap) if fastest.bound > 0 else fastest.bound
@@ -91,7 +88,7 @@ def with_headroom(
             probe = solve(
                 problem.replace(usage_limit=limit),
                 backend=backend,
-                time_limit=min(max(deadline - now, PROBE_MIN_S), hard_deadline - now),
+                time_limit=deadline - now,
                 threads=threads,
                 relative_gap=relative_gap,
             )

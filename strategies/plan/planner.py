@@ -34,10 +34,15 @@ DEFAULT_GAP = 0.01
 SOLVER_THREADS = 2
 """Cores one plan's solve uses (the machines this runs on have two)."""
 HEADROOM_SHARE = 0.5
-HEADROOM_MIN_S = 2.0
+HEADROOM_MIN_S = 1.0
 """After the time-optimal solve, the headroom pass (:mod:`solver.headroom`: the least peak within the gap)
-starts its probes within half the time that solve took, at least `HEADROOM_MIN_S` (a probe may run on for
-its `~solver.headroom.PROBE_MIN_S`), never past the request's time limit."""
+gets half the time that solve took, at least `HEADROOM_MIN_S`, never past the request's time limit ..."""
+HEADROOM_PEAK_SHARES = (0.25, 0.95)
+"""... and only where the fastest plan's peak is between these shares of the memory limit (the budget, else
+the device's memory): below, three quarters of the memory are free already and the probes (~1 s each, even
+on tiny models) would buy little; above, memory already binds -- the budget the user set is the headroom
+they chose, and probes under a binding limit are the slowest solves there are (the zoo's half-memory
+plans)."""
 
 
 @dataclass
@@ -161,15 +166,23 @@ def _solve_and_plan(
     except InfeasibleError as error:
         raise _budget_error(error, request, mesh) from error
     fastest = result
-    if request.baseline is None and result.solution is not None and result.peak_usage is not None:
+    if request.baseline is None and _wants_headroom(result, problem.usage_limit):
         left = request.time_limit - (time.perf_counter() - phase)
         budget = min(left, max(HEADROOM_MIN_S, HEADROOM_SHARE * (time.perf_counter() - phase)))
         say(f"headroom: the least peak within {100 * request.gap:g}% of the bound ({budget:.1f} s at most)")
-        result = with_headroom(problem, result, request.gap, budget, request.backend, threads, left).result
+        result = with_headroom(problem, result, request.gap, budget, request.backend, threads).result
     timings["solve"] = time.perf_counter() - phase
     plan = make_plan(built, result, request=request_record(request), fastest=fastest)
     plan["timings"] = {**timings, "total": time.perf_counter() - started}
     return PlanOutcome(plan, built, result, timings)
+
+
+def _wants_headroom(result: SolveResult, limit: int | None) -> bool:
+    """Whether the headroom pass runs after ``result`` (`HEADROOM_PEAK_SHARES`)."""
+    if result.solution is None or result.peak_usage is None or not limit:
+        return False
+    low, high = HEADROOM_PEAK_SHARES
+    return low * limit <= result.peak_usage <= high * limit
 
 
 def request_record(request: PlanRequest) -> dict[str, Any]:
