@@ -131,6 +131,12 @@ BOUND_SHARE = 0.2
 #: where the whole program's LPs took 2.5-7 s). Exact proofs stay with the backend: on IOPDDL A the search
 #: came within 6 of 6.5e9 in 3.6 s and could not close it ...
 LAGRANGIAN_SHARE = 0.1
+#: ... but at least this long, or this share of the time left when that is shorter: under short limits a
+#: tenth was too little for the root of a memory-tight program (llama3-8b on 8x8 under 37.2 GiB, a 3 s limit:
+#: 0.3 s for the search, 2.8-2.9 s to an answer 2.1% above the fastest; with 1 s for it, 0.95-0.98 s to one
+#: 0.88% above, as with a 10-60 s limit) ...
+LAGRANGIAN_MIN_S = 1.0
+LAGRANGIAN_MIN_SHARE = 0.34
 #: ... which gives up after its root when that is this far from its best answer (TRW-S is not tight there);
 LAGRANGIAN_GIVE_UP_GAP = 0.05
 #: ... then, where its answer is proven within the gap, the program over its promising strategies is solved to
@@ -246,7 +252,8 @@ def solve(
     searched: BranchResult | None = None
     final = False
     if mode != HEURISTIC and core.usage_limit is not None and relative_gap > 0:
-        search_deadline = now + LAGRANGIAN_SHARE * left
+        least = min(LAGRANGIAN_MIN_S, LAGRANGIAN_MIN_SHARE * left)
+        search_deadline = now + max(least, LAGRANGIAN_SHARE * left)
         searched, final = _lagrangian_search(
             core, engine, relative_gap, search_deadline, left, threads, timings, seed, started
         )
