@@ -10,6 +10,8 @@ per-device total of live tensors over the step and ``memory_profile`` that total
 its own (the partial output that the loss and its backward both read replicated), is moved once and the copy
 replaces it, as the runtime does: the objective, which prices each edge on its own, counts such a move once
 per reader, so ``step_time_s`` is at most the solver's objective, and equal to it when no such move repeats.
+Where the plan is not the time-optimal solve's answer but one of smaller peak within the gap
+(:mod:`solver.headroom`), ``fastest`` holds that answer's ``step_time_s`` and ``peak_memory_bytes``.
 """
 
 from __future__ import annotations
