@@ -167,8 +167,8 @@ def _solve_and_plan(
         raise _budget_error(error, request, mesh) from error
     fastest = result
     if request.baseline is None and _wants_headroom(result, problem.usage_limit):
-        left = request.time_limit - (time.perf_counter() - phase)
-        budget = min(left, max(HEADROOM_MIN_S, HEADROOM_SHARE * (time.perf_counter() - phase)))
+        spent = time.perf_counter() - phase
+        budget = min(request.time_limit - spent, max(HEADROOM_MIN_S, HEADROOM_SHARE * spent))
         say(f"headroom: the least peak within {100 * request.gap:g}% of the bound ({budget:.1f} s at most)")
         result = with_headroom(problem, result, request.gap, budget, request.backend, threads).result
     timings["solve"] = time.perf_counter() - phase

@@ -103,10 +103,16 @@ def test_the_summary_says_the_memory_left_and_what_the_fastest_plan_would_hold()
             "peak_memory_bytes": 30 * 2**30,
             "fastest": {"step_time_s": 1.0, "peak_memory_bytes": 50 * 2**30},
         },
-        "solver": {"backend": "highs", "status": "feasible", "bound": 1.0, "gap": 0.005, "variables": 1},
+        "solver": {
+            "backend": "highs",
+            "status": "feasible",
+            "bound": 1.0,
+            "gap": 0.005,
+            "variables": 1,
+            "seconds": 1.0,
+        },
         "request": {"model": "mlp", "memory_gib": None},
     }
-    plan["solver"]["seconds"] = 1.0
     text = summary(plan)
     # no budget given: the device's memory (the h100's 80 GiB) is the limit the memory left is counted from
     assert "peak memory per device 30.0 GiB of the device's memory (38%, 50.0 GiB left)" in text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from solver.headroom import with_headroom
@@ -83,6 +85,6 @@ def test_a_memory_limit_of_the_problem_stays_the_plans_limit() -> None:
 def test_an_answerless_solve_is_refused() -> None:
     problem = one_choice([100.0], [10])
     fastest = solve(problem)
-    answerless = type(fastest)(**{**fastest.__dict__, "solution": None, "cost": None})
+    answerless = dataclasses.replace(fastest, solution=None, cost=None)
     with pytest.raises(ValueError, match="no answer"):
         with_headroom(problem, answerless, GAP, time_limit=1.0)
