@@ -30,6 +30,13 @@ DtypeOption = Annotated[str, typer.Option(help="parameter dtype")]
 GapOption = Annotated[
     float, typer.Option(help="stop once proven within this share of the optimum (0: prove)", min=0, max=1)
 ]
+RecomputeOption = Annotated[
+    str,
+    typer.Option(
+        help="activation recomputation: auto (the program chooses), none, selective (keep matmul and "
+        "attention outputs) or full (keep each layer's input)"
+    ),
+]
 CapturedLayersOption = Annotated[
     int | None,
     typer.Option(
@@ -173,6 +180,7 @@ def plan_command(
     overlap: Annotated[
         float, typer.Option(help="fraction of parameter gathers / gradient reductions hidden", min=0, max=1)
     ] = 0.0,
+    recompute: RecomputeOption = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:
     """Plan a model on a mesh: capture one training step, solve the whole-graph program, write the plan.
@@ -203,6 +211,7 @@ def plan_command(
         captured_layers=captured_layers or None,
         overlap=overlap,
         baseline=baseline,
+        recompute=recompute,
     )
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
     try:
@@ -401,6 +410,7 @@ def search_command(
         ),
     ] = None,
     top: Annotated[int, typer.Option(help="rows of the ranking table", min=1)] = 10,
+    recompute: RecomputeOption = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:
     """Plan every mesh of N devices (1, 2 or 3 axes) times the batch sizes; rank them by throughput.
@@ -434,6 +444,7 @@ def search_command(
             layers=layers,
             options=json.loads(options) if options else {},
             overlap=overlap,
+            recompute=recompute,
         )
     except (ValueError, json.JSONDecodeError) as error:
         _fail(str(error), EXIT_BAD_INPUT)

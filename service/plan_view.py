@@ -17,6 +17,7 @@ def summary(plan: dict[str, Any]) -> str:
     lines += _parameter_lines(plan["parameters"])
     lines += ["", f"inputs: {', '.join(_spec(s) for s in plan['inputs'])}", ""]
     lines += _time_lines(plan["predicted"])
+    lines += _recompute_lines(plan)
     lines += ["", _memory_line(plan), _certificate_line(plan["solver"])]
     for warning in plan.get("warnings", []):
         lines.append(f"warning: {warning}")
@@ -76,6 +77,29 @@ def _time_lines(predicted: dict[str, Any]) -> list[str]:
     if collectives:
         lines.append("collectives: " + ", ".join(f"{n} x{c}" for n, c in sorted(collectives.items())))
     return lines
+
+
+def _recompute_lines(plan: dict[str, Any]) -> list[str]:
+    """What the backward makes again, by op, with the memory it frees and the time it costs."""
+    names = plan.get("recompute")
+    if names is None:
+        return []
+    if not names:
+        return ["recomputation: none (every value the backward reads is kept)"]
+    ops = {node["name"]: node["op"] for node in plan.get("nodes", [])}
+    counts: dict[str, int] = defaultdict(int)
+    for name in names:
+        counts[ops.get(name, "?").removeprefix("aten.").removesuffix(".default")] += 1
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    kinds = ", ".join(f"{op} x{n}" for op, n in ranked[:8]) + (", ..." if len(ranked) > 8 else "")
+    predicted = plan["predicted"]
+    seconds, step = predicted.get("recompute_s", 0.0), predicted["step_time_s"]
+    share = f" ({100 * seconds / step:.1f}% of the step)" if step else ""
+    return [
+        f"recomputation: {len(names)} values made again in the backward ({kinds})",
+        f"  frees {bytes_text(predicted.get('recompute_freed_bytes', 0))} from forward to backward, "
+        f"costs {_ms(seconds)}{share}",
+    ]
 
 
 def _memory_line(plan: dict[str, Any]) -> str:

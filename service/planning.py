@@ -273,6 +273,7 @@ def run_plan_job(request: dict[str, Any], report: Report | None = None) -> dict[
         parameter_placements=dict(request["pinned"]["parameters"]),
         captured_layers=request["captured_layers"] or None,
         baseline=request["baseline"],
+        recompute=request.get("recompute", "auto"),
     )
     listener = PlanProgress(report)
     try:

@@ -148,6 +148,9 @@ class PlanSubmission(Strict):
     overlap: float = Field(0.0, ge=0, le=1, description="share of gathers / reductions hidden by compute")
     captured_layers: int | None = Field(4, ge=0, le=1024, description="layers captured for deep models")
     baseline: Literal["ddp", "fsdp", "megatron", "fsdp_tp"] | None = None
+    recompute: Literal["auto", "none", "selective", "full"] = Field(
+        "auto", description="activation recomputation: the program chooses (auto), or a fixed policy"
+    )
 
     @field_serializer("hardware")
     def _hardware(self, hardware: str | HardwareFigures) -> str | dict[str, Any]:
@@ -211,6 +214,9 @@ class SearchSubmission(Strict):
     solver: SolverOptions = Field(default_factory=SolverOptions)
     overlap: float = Field(0.0, ge=0, lt=1, description="share of gathers / reductions hidden by compute")
     captured_layers: int | None = Field(4, ge=0, le=1024, description="layers captured for deep models")
+    recompute: Literal["auto", "none", "selective", "full"] = Field(
+        "auto", description="activation recomputation: the program chooses (auto), or a fixed policy"
+    )
 
 
 class SearchProgress(BaseModel):

@@ -74,7 +74,8 @@ def ranking_table(results: dict[str, Any], top: int = 10) -> Table:
         title=f"autoshard search: {len(results['candidates'])} candidates in {results['wall_s']:.1f} s"
     )
     for name in ("rank", "id", "mesh", "axes", "batch", "step (s)", "tokens/s" if tokens else "samples/s",
-                 "peak (GiB)", "compute (s)", "exposed comm (s)", "status", "gap"):  # fmt: skip
+                 "peak (GiB)", "compute (s)", "recompute (s)", "exposed comm (s)", "status",
+                 "gap"):  # fmt: skip
         table.add_column(name, justify="left" if name in ("id", "mesh", "axes", "status") else "right")
     for row in results["candidates"][:top]:
         if row["rank"] is None:
@@ -91,6 +92,7 @@ def ranking_table(results: dict[str, Any], top: int = 10) -> Table:
             f"{throughput:,.0f}" if tokens else f"{throughput:,.1f}",
             f"{row['peak_memory_bytes'] / 2**30:.1f}",
             f"{row['compute_s']:.4g}",
+            f"{row.get('recompute_s') or 0.0:.4g} ({row.get('recomputed') or 0} values)",
             f"{row['exposed_comm_s']:.4g}",
             row["status"],
             "-" if gap is None else f"{gap:.2%}",

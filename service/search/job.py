@@ -46,6 +46,7 @@ def search_request(body: dict[str, Any]) -> SearchRequest:
         options=dict(body["options"]),
         overlap=body["overlap"],
         captured_layers=body["captured_layers"] or None,
+        recompute=body.get("recompute", "auto"),
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from service.search.candidates import MAX_MESH_DIMS, Candidate
 from strategies.plan.planner import DEFAULT_GAP, PlanRequest
+from strategies.problem.recompute import check_policy
 
 EXECUTORS = ("local", "ray")
 
@@ -40,6 +41,8 @@ class SearchRequest:
     options: dict[str, Any] = field(default_factory=dict)
     overlap: float = 0.0
     captured_layers: int | None = 4
+    recompute: str = "auto"
+    """Activation recomputation for every candidate (:mod:`strategies.problem.recompute`)."""
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -52,6 +55,7 @@ class SearchRequest:
             raise ValueError(f"time_limit_s: must be positive, got {self.time_limit_s}")
         if not 0 <= self.overlap < 1:
             raise ValueError(f"overlap: from 0 to below 1, got {self.overlap}")
+        check_policy(self.recompute)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +79,7 @@ class SearchRequest:
             overlap=self.overlap,
             options=dict(self.options),
             captured_layers=self.captured_layers,
+            recompute=self.recompute,
         )
 
     def service_submission(self, candidate: Candidate) -> dict[str, Any]:
@@ -92,4 +97,5 @@ class SearchRequest:
             "solver": {"backend": self.backend, "time_limit_s": self.time_limit_s, "gap": self.gap},
             "overlap": self.overlap,
             "captured_layers": self.captured_layers,
+            "recompute": self.recompute,
         }

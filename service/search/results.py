@@ -23,7 +23,8 @@ from service.search.task import FEASIBLE, OPTIMAL
 FORMAT, VERSION = "autoshard.search", 1
 CSV_COLUMNS = (
     "id", "mesh", "axis_names", "batch", "seq", "status", "rank", "step_time_s", "compute_s", "comm_s",
-    "exposed_comm_s", "load_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "memory_budget_bytes",
+    "exposed_comm_s", "load_s", "recompute_s", "recomputed", "samples_per_s", "tokens_per_s",
+    "peak_memory_bytes", "memory_budget_bytes",
     "min_peak_bytes", "certificate_status", "bound_s", "gap", "backend", "plan_file", "error", "seconds",
 )  # fmt: skip
 
@@ -41,7 +42,8 @@ def candidate_row(
         "seq": candidate.seq,
         "status": outcome["status"],
         "rank": None,
-        **dict.fromkeys(("step_time_s", "compute_s", "comm_s", "exposed_comm_s", "load_s")),
+        **dict.fromkeys(("step_time_s", "compute_s", "comm_s", "exposed_comm_s", "load_s", "recompute_s")),
+        "recomputed": None,
         "samples_per_s": None,
         "tokens_per_s": None,
         "peak_memory_bytes": None,
@@ -62,6 +64,8 @@ def candidate_row(
         comm_s=predicted["comm_s"] + predicted.get("hidden_comm_s", 0.0),
         exposed_comm_s=predicted["comm_s"],
         load_s=predicted.get("load_s", 0.0),
+        recompute_s=predicted.get("recompute_s", 0.0),
+        recomputed=len(plan.get("recompute", [])),
         samples_per_s=candidate.batch / step if step > 0 else None,
         tokens_per_s=candidate.batch * candidate.seq / step if step > 0 and candidate.seq else None,
         peak_memory_bytes=predicted["peak_memory_bytes"],

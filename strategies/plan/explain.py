@@ -29,6 +29,7 @@ import numpy as np
 from solver.problem import FORBIDDEN_COST
 from strategies.placement import NONE, spec_text
 from strategies.problem.builder import COST_UNIT_S, BuiltProblem, ProblemNode
+from strategies.problem.recompute import RECOMPUTE
 
 TOP_ALTERNATIVES = 5
 
@@ -50,6 +51,8 @@ class UnknownTarget(KeyError):
 class _Local:
     members: list[int]
     edges: list[int]
+    recompute_edges: list[int]
+    """Problem edges after `BuiltProblem.edges` (`BuiltProblem.recompute_edges`) touching the members."""
 
 
 def explain(built: BuiltProblem, solution: Sequence[int] | np.ndarray, target: str) -> dict[str, Any]:
@@ -254,10 +257,14 @@ def solution_from_plan(
             index = built.input_nodes[k]
             chosen[index] = _match(built.nodes[index], [spec], None)
     by_name = {node.name: i for i, node in enumerate(built.nodes) if node.kind == "op"}
+    recomputed = set(plan.get("recompute", []))
     for record in plan.get("nodes", []):
         index = by_name.get(record["name"])
         if index is not None:
-            chosen[index] = _match(built.nodes[index], record.get("output", []), record.get("inputs"))
+            node = built.nodes[index]
+            chosen[index] = _match(
+                node, record.get("output", []), record.get("inputs"), record["name"] in recomputed
+            )
     for group in built.problem.groups:  # group members share the index
         known = [int(chosen[m]) for m in group if chosen[m] >= 0]
         if known:
@@ -276,8 +283,14 @@ def solution_from_plan(
     return chosen, names
 
 
-def _match(node: ProblemNode, outputs: Sequence[Any], inputs: Sequence[Any] | None) -> int:
+def _match(
+    node: ProblemNode, outputs: Sequence[Any], inputs: Sequence[Any] | None, recomputed: bool = False
+) -> int:
+    """The strategy with these placements (and recomputed or not, for an op that may be: its strategies
+    repeat once per mode); -1 when there is none."""
     keep = np.ones(len(node.output_specs), dtype=bool)
+    if node.modes is not None:
+        keep &= (node.modes == RECOMPUTE) == recomputed
     for k, spec in enumerate(outputs):
         if spec is None or k >= node.output_specs.shape[1]:
             continue
@@ -310,7 +323,9 @@ def _local(built: BuiltProblem, index: int) -> _Local:
     edges = [
         e for e, edge in enumerate(built.edges) if edge.producer in member_set or edge.consumer in member_set
     ]
-    return _Local(members, edges)
+    first = len(built.edges)
+    extra = [first + k for k, pair in enumerate(built.recompute_edges) if set(pair) & member_set]
+    return _Local(members, edges, extra)
 
 
 def _local_cost(built: BuiltProblem, chosen: np.ndarray, local: _Local, s: int) -> float:
@@ -325,6 +340,11 @@ def _local_cost(built: BuiltProblem, chosen: np.ndarray, local: _Local, s: int) 
         u = s if edge.producer in member_set else int(chosen[edge.producer])
         v = s if edge.consumer in member_set else int(chosen[edge.consumer])
         total += float(problem.edge_matrix(e)[u, v])
+    for e in local.recompute_edges:
+        a, b = (int(x) for x in problem.edge_nodes[e])
+        total += float(
+            problem.edge_matrix(e)[s if a in member_set else chosen[a], s if b in member_set else chosen[b]]
+        )
     return math.inf if not math.isfinite(total) or total >= FORBIDDEN_COST else total
 
 
@@ -339,8 +359,8 @@ def _peak(built: BuiltProblem, chosen: np.ndarray, local: _Local, s: int) -> int
 def _objective(built: BuiltProblem, chosen: np.ndarray) -> float:
     problem = built.problem
     total = float(problem.costs[problem.node_offsets[:-1] + chosen].sum())
-    for e, edge in enumerate(built.edges):
-        total += float(problem.edge_matrix(e)[chosen[edge.producer], chosen[edge.consumer]])
+    for e, (u, v) in enumerate(problem.edge_nodes.tolist()):
+        total += float(problem.edge_matrix(e)[chosen[u], chosen[v]])
     return total * COST_UNIT_S
 
 
@@ -353,7 +373,8 @@ def _placements(node: ProblemNode, s: int) -> dict[str, Any]:
         for k in range(node.input_specs.shape[1])
     ]
     placements = outputs[0] if node.kind != "op" and len(outputs) == 1 else outputs
-    return {"placements": placements, "inputs": inputs}
+    mode = None if node.modes is None else ("kept", "recomputed", "stored")[int(node.modes[s])]
+    return {"placements": placements, "inputs": inputs, "memory_mode": mode}
 
 
 def _collectives(built: BuiltProblem, chosen: np.ndarray, edge: Any) -> list[str]:
@@ -422,7 +443,8 @@ def _describe(report: dict[str, Any], entry: dict[str, Any]) -> str:
         return _spec(placements)
     outs = ", ".join("-" if p is None else _spec(p) for p in placements)
     ins = ", ".join("-" if p is None else _spec(p) for p in entry["inputs"])
-    return f"out {outs} <- in {ins}"
+    mode = {"kept": ", kept for the backward", "recomputed": ", recomputed in the backward"}
+    return f"out {outs} <- in {ins}{mode.get(entry.get('memory_mode') or '', '')}"
 
 
 def _spec(spec: Any) -> str:

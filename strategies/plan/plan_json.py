@@ -12,6 +12,9 @@ replaces it, as the runtime does: the objective, which prices each edge on its o
 per reader, so ``step_time_s`` is at most the solver's objective, and equal to it when no such move repeats.
 Where the plan is not the time-optimal solve's answer but one of smaller peak within the gap
 (:mod:`solver.headroom`), ``fastest`` holds that answer's ``step_time_s`` and ``peak_memory_bytes``.
+``recompute`` names the ops whose outputs the backward makes again (:mod:`strategies.problem.recompute`);
+``recompute_s`` is their share of the step time (their compute, their closures', their redistributions
+again) and ``recompute_freed_bytes`` what they do not hold from forward to backward.
 """
 
 from __future__ import annotations
@@ -66,14 +69,15 @@ def make_plan(
             }
         )
     predicted = predict(built, chosen)
-    positions, live_bytes = usage_profile(built.problem, chosen)
+    predicted["recompute_freed_bytes"] = recompute_freed(built, chosen)
+    positions, live_bytes = plan_profile(built, chosen)
     predicted["peak_memory_bytes"] = int(live_bytes.max(initial=0))
     predicted["memory_profile"] = memory_profile(positions, live_bytes)
     if fastest is not None and fastest.solution is not None and list(fastest.solution) != list(chosen):
         quickest = np.asarray(fastest.solution, dtype=np.int64)
         predicted["fastest"] = {
             "step_time_s": predict(built, quickest)["step_time_s"],
-            "peak_memory_bytes": int(usage_profile(built.problem, quickest)[1].max(initial=0)),
+            "peak_memory_bytes": int(plan_profile(built, quickest)[1].max(initial=0)),
         }
     mesh = built.mesh
     return {
@@ -86,6 +90,7 @@ def make_plan(
         "parameters": parameters,
         "inputs": inputs,
         "nodes": op_nodes,
+        "recompute": [node.name for i, node in enumerate(nodes) if node.recomputed(int(chosen[i]))],
         "predicted": predicted,
         "solver": {
             "backend": result.backend,
@@ -116,6 +121,20 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
         if node.kind in by_kind:
             by_kind[node.kind] += float(node_weight[i] * node.compute_s[chosen[i]])
     compute, load = by_kind["op"], by_kind["input"]
+    recompute = sum(
+        float(node_weight[i] * node.remake_s[chosen[i]])
+        for i, node in enumerate(built.nodes)
+        if node.recomputed(int(chosen[i])) and node.remake_s is not None
+    )
+    closures = (
+        sum(  # the ops recomputed with them, priced on the edges after the problem's redistributions
+            float(problem.edge_matrix(len(built.edges) + k)[chosen[u], chosen[w]])
+            for k, (u, w) in enumerate(built.recompute_edges)
+        )
+        * COST_UNIT_S
+    )
+    compute += closures
+    recompute += closures
     comm = hidden = 0.0
     comm_bytes = 0.0
     collectives: dict[str, float] = {}
@@ -130,6 +149,8 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
             continue
         counted.add(value)
         comm += seconds
+        if edge.kind == "activation" and built.nodes[edge.consumer].recomputed(int(chosen[edge.consumer])):
+            recompute += seconds / 2  # the redistribution made again
         if edge.kind in ("parameter", "gradient") and built.overlap < 1:
             hidden += seconds * built.overlap / (1 - built.overlap)
         producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
@@ -147,8 +168,31 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
         "comm_s": comm,
         "hidden_comm_s": hidden,
         "comm_bytes": int(comm_bytes),
+        "recompute_s": recompute,
         "collectives": {name: round(count) for name, count in collectives.items()},
     }
+
+
+def recompute_freed(built: BuiltProblem, chosen: np.ndarray) -> int:
+    """Bytes per device the recomputed values do not hold from their forward to their backward, over every
+    layer of the stack (the left-out layers of a layer repeat too)."""
+    left_out = built.repeat.left_out if built.repeat is not None else 0
+    repeated = {node.held_for for node in built.nodes if node.kind == "ghost" and node.held_for}
+    return sum(
+        int(node.memory_bytes[chosen[i]]) * (1 + (left_out if node.name in repeated else 0))
+        for i, node in enumerate(built.nodes)
+        if node.recomputed(int(chosen[i]))
+    )
+
+
+def plan_profile(built: BuiltProblem, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, live bytes) of an assignment, as `solver.evaluate.usage_profile`, less the stored values
+    no chosen recomputation reads (the program counts them, the runtime frees them: `unused_storage`)."""
+    positions, live_bytes = usage_profile(built.problem, chosen)
+    for i in built.unused_storage(chosen):
+        start, end = built.problem.intervals[i]
+        live_bytes[(positions >= start) & (positions < end)] -= int(built.problem.node_usages(i)[chosen[i]])
+    return positions, live_bytes
 
 
 def memory_profile(

@@ -19,6 +19,7 @@ from strategies.placement import parse_spec
 from strategies.plan.plan_json import make_plan
 from strategies.problem.builder import BuiltProblem, build_problem
 from strategies.problem.layer_repeat import MIN_CAPTURED, LayerRepeat
+from strategies.problem.recompute import AUTO
 from strategies.units import bytes_text
 
 if TYPE_CHECKING:
@@ -85,6 +86,10 @@ class PlanRequest:
     baseline: str | None = None
     """Plan a hand-written layout instead (``ddp``, ``fsdp``, ``megatron``, ``fsdp_tp``): its parameter and
     batch placements are pinned and the solver chooses the rest (:mod:`strategies.plan.baselines`)."""
+    recompute: str = AUTO
+    """Activation recomputation (:mod:`strategies.problem.recompute`): ``auto`` (the program chooses what to
+    keep for the backward and what to make again), ``none``, ``selective`` (keep the outputs of matrix
+    products and attention, recompute the rest), ``full`` (keep each layer's input only)."""
     graph: dict[str, Any] | None = None
     """A graph document a launcher exported (``docs/graph-format.md``), planned instead of a model: no model
     code is imported or run. ``model`` is then ``""`` and the shape fields (``batch``, ``seq``, ``layers``,
@@ -383,6 +388,7 @@ def _build(
             share_layers=request.share_layers,
             repeat=repeat,
             backward_start=graph.backward_start,
+            recompute=request.recompute,
         )
     except ValueError as error:
         if repeat is not None and str(error).startswith("layer repeat"):

@@ -48,6 +48,18 @@ from strategies.placement import NONE, R, Spec
 from strategies.problem.in_place import forbid_moves, placement_kept
 from strategies.problem.layer_repeat import LayerRepeat, cost_weights, ghost_intervals
 from strategies.problem.layer_sharing import layer_of, merge_groups, tied_layer_groups, tied_layers
+from strategies.problem.recompute import (
+    KEEP,
+    RECOMPUTE,
+    RECOMPUTE_DISPATCH_S,
+    STORE,
+    Candidate,
+    Policy,
+    available_rows,
+    check_policy,
+    find_candidates,
+)
+from strategies.problem.recompute import NONE as NO_RECOMPUTE
 from strategies.tensor_meta import TensorMeta, flatten_outputs
 
 COST_UNIT_S = 1e-6
@@ -75,6 +87,17 @@ class ProblemNode:
     rules: str = ""
     """Where an op node's strategies came from: ``autoshard`` rules, ``pytorch``'s DTensor rules, or
     ``replicate`` (no rule: all-replicate only)."""
+    modes: np.ndarray | None = None
+    """Per strategy, the mode of the op's outputs (:mod:`.recompute`: kept, recomputed in the backward or
+    stored for recomputed readers); None for a node without a choice (kept)."""
+    remake_s: np.ndarray | None = None
+    """Per strategy, the seconds of ``compute_s`` that make the outputs again (:mod:`.recompute`)."""
+    held_for: str = ""
+    """A ``kept``/``held`` node's op: the part of its output's life it holds (:mod:`.recompute`)."""
+
+    def recomputed(self, strategy: int) -> bool:
+        """Whether an op node's ``strategy`` makes its outputs again in the backward."""
+        return self.kind == "op" and self.modes is not None and int(self.modes[strategy]) == RECOMPUTE
 
 
 @dataclass
@@ -106,6 +129,11 @@ class BuiltProblem:
     overlap: float = 0.0
     """The share of parameter gathers and gradient reductions hidden behind compute (their edges cost the
     rest)."""
+    recompute: str = NO_RECOMPUTE
+    """The recomputation policy the problem was built with (:mod:`strategies.problem.recompute`)."""
+    recompute_edges: list[tuple[int, int]] = field(default_factory=list)
+    """The problem's edges after `edges`: (closure op, recomputed op) pairs pricing the closure's compute,
+    and (frontier value, recomputed op) pairs forbidding its absence (:mod:`strategies.problem.recompute`)."""
 
     def warnings(self) -> list[str]:
         """What the plan cannot do well, a line per cause: ops without a sharding rule (replicated)."""
@@ -118,6 +146,26 @@ class BuiltProblem:
             + (", ...)" if len(names) > 3 else ")")
             for op, names in sorted(unplaced.items())
         ]
+
+    def unused_storage(self, chosen: np.ndarray) -> list[int]:
+        """The nodes (and ghosts) holding stored values that no recomputation ``chosen`` makes reads: the
+        program counts them anyway (:mod:`.recompute`), the plan does not."""
+        if not self.recompute_edges:
+            return []
+        recomputed = {i for i, node in enumerate(self.nodes) if node.recomputed(int(chosen[i]))}
+        readers: dict[str, set[int]] = {}
+        for value, reader in self.recompute_edges:
+            readers.setdefault(self.nodes[value].name, set()).add(reader)
+        unused = {
+            node.name
+            for node in self.nodes
+            if node.kind == "op"
+            and node.modes is not None
+            and (node.modes == STORE).all()
+            and not readers.get(node.name, set()) & recomputed
+        }
+        holders = ("kept", "ghost")
+        return [i for i, node in enumerate(self.nodes) if node.kind in holders and node.held_for in unused]
 
     def node_weights(self) -> np.ndarray:
         return np.ones(len(self.nodes)) if self.node_weight is None else self.node_weight
@@ -166,13 +214,19 @@ class _Builder:
         self.edges.append(Edge(producer, consumer, output, argument, kind, keep))
         self.edge_parts.append(redistribute_parts(self.mesh, meta.shape, meta.itemsize, src, dst))
 
-    def edge_costs(self, weights: np.ndarray) -> list[np.ndarray]:
+    def edge_costs(
+        self,
+        weights: np.ndarray,
+        extra: list[tuple[int, int]] = (),  # type: ignore[assignment]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Every edge's ``[producer strategy, consumer strategy]`` costs (the seconds of its redistribution,
         the overlapped share of parameter and gradient moves taken off, in `COST_UNIT_S`, times the edge's
         weight), written end to end into one array (the problem's, without a copy: 40 million costs on a
-        3-D mesh)."""
+        3-D mesh); then zero matrices for the ``extra`` node pairs, in the same array."""
         sizes = [len(rows) * len(cols) for _table, rows, cols in self.edge_parts]
-        flat = np.empty(sum(sizes))
+        counts = [len(node.compute_s) for node in self.nodes]
+        extra_sizes = [counts[u] * counts[v] for u, v in extra]
+        flat = np.empty(sum(sizes) + sum(extra_sizes))
         matrices: list[np.ndarray] = []
         start = 0
         for edge, (table, rows, cols), size, weight in zip(
@@ -187,7 +241,12 @@ class _Builder:
                 forbid_moves(matrix, src, consumer.input_specs[:, edge.argument, :])
             matrices.append(matrix)
             start += size
-        return matrices
+        extra_matrices = []
+        for (u, v), size in zip(extra, extra_sizes, strict=True):
+            extra_matrices.append(flat[start : start + size].reshape(counts[u], counts[v]))
+            extra_matrices[-1][:] = 0.0
+            start += size
+        return matrices, extra_matrices
 
 
 def placeholder_node(
@@ -233,12 +292,16 @@ def build_problem(
     share_layers: bool = True,
     repeat: LayerRepeat | None = None,
     backward_start: int | None = None,
+    recompute: Policy = NO_RECOMPUTE,
 ) -> BuiltProblem:
     """The whole-graph problem of one captured step (see the module docstring).
 
     ``repeat``: the graph holds ``repeat.captured`` layers of a stack of ``repeat.total``
     (:mod:`strategies.problem.layer_repeat`); needs ``module_path``, ``share_layers`` and ``backward_start``
     (the index in execution order of the first backward op).
+
+    ``recompute``: the recomputation policy (:mod:`strategies.problem.recompute`); any but ``none`` needs
+    ``module_path`` and ``backward_start`` (without them nothing is recomputed).
     """
     import time
 
@@ -279,6 +342,19 @@ def build_problem(
         elif kind == "input":
             input_nodes.append(index_of[node])
 
+    check_policy(recompute)
+    paths = _inherit_layer_paths(order, module_path) if module_path else {}
+    always_there = {node for node, (kind, _) in role.items() if kind in ("parameter", "buffer")}
+    alive_until = {n: _alive_until(n, last_use) if n in position else last_use[n] for n in gm.graph.nodes}
+    kept = placement_kept(order)
+    candidates: dict[torch.fx.Node, Candidate] = {}
+    if backward_start is not None and paths:
+        written = {(node, source) for node, k in kept if (source := _tensor_sources(node)[k]) is not None}
+        written = {(node, source[0]) for node, source in written}
+        candidates = find_candidates(
+            order, position, backward_start, paths, alive_until, always_there, written, recompute
+        )
+
     strategies_s = time.perf_counter()
     for node in order:
         if node.target is operator.getitem:
@@ -300,11 +376,13 @@ def build_problem(
             rules=strategies.source,
         )
         born = position[node] + (1 if _is_view(node) else 0)
-        index_of[node] = b.add_node(pn, born, _alive_until(node, last_use) + 1)
+        if node in candidates:
+            index_of[node] = _add_candidate(b, pn, candidates[node], born, alive_until[node] + 1)
+        else:
+            index_of[node] = b.add_node(pn, born, alive_until[node] + 1)
     strategies_s = time.perf_counter() - strategies_s
 
     edges_s = time.perf_counter()
-    kept = placement_kept(order)
     for node in order:
         if node.target is operator.getitem:
             continue
@@ -354,7 +432,6 @@ def build_problem(
     node_weight = edge_weight = None
     if share_layers and module_path:
         ops = [(n.name, _signature(n), index_of[n]) for n in order if n.target is not operator.getitem]
-        paths = _inherit_layer_paths(order, module_path)
         b.groups.extend(tied_layer_groups(ops, paths, parameter_nodes))
         if repeat is not None:
             node_weight, edge_weight = _repeat(b, repeat, ops, paths, backward_start, end)
@@ -362,12 +439,21 @@ def build_problem(
         raise ValueError("layer repeat: needs the module paths of the graph and shared layers")
     node_scale = np.ones(len(b.nodes)) if node_weight is None else node_weight
     edge_scale = np.ones(len(b.edges)) if edge_weight is None else edge_weight
+    recomputed = {index_of[n]: c for n, c in candidates.items() if RECOMPUTE in c.modes}
+    extra = [(index_of[source], w) for w, c in recomputed.items() for source in (*c.closure, *c.frontier)]
+    matrices, extra_matrices = b.edge_costs(edge_scale, extra)
+    if candidates:
+        by_index = {index_of[n]: c for n, c in candidates.items()}
+        _price_recomputation(b, matrices, recomputed)
+        _recomputation_terms(
+            b, extra, extra_matrices, by_index, index_of, node_scale, always_there, alive_until
+        )
     problem = Problem.from_lists(
         costs=[n.compute_s / COST_UNIT_S * w for n, w in zip(b.nodes, node_scale.tolist(), strict=True)],
         usages=[n.memory_bytes for n in b.nodes],
         intervals=b.intervals,
-        edges=[(e.producer, e.consumer) for e in b.edges],
-        edge_costs=b.edge_costs(edge_scale),
+        edges=[(e.producer, e.consumer) for e in b.edges] + extra,
+        edge_costs=matrices + extra_matrices,
         usage_limit=memory_limit,
         groups=merge_groups(b.groups),
         pins=b.pins,
@@ -376,8 +462,92 @@ def build_problem(
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
     built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
     built.overlap = overlap
+    built.recompute = recompute if isinstance(recompute, str) else "custom"
+    built.recompute_edges = extra
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
     return built
+
+
+def _add_candidate(b: _Builder, pn: ProblemNode, candidate: Candidate, born: int, end: int) -> int:
+    """An op whose output's life the program chooses: one copy of its strategies per mode, its memory split
+    over held nodes grouped with it (:mod:`strategies.problem.recompute`); returns the op's node."""
+    copies = len(candidate.modes)
+    modes = np.repeat(np.asarray(candidate.modes, dtype=np.int8), len(pn.compute_s))
+    pn.output_specs = np.concatenate([pn.output_specs] * copies)
+    pn.input_specs = np.concatenate([pn.input_specs] * copies)
+    dispatch = RECOMPUTE_DISPATCH_S * (1 + len(candidate.closure))
+    pn.remake_s = np.where(modes == RECOMPUTE, np.tile(pn.compute_s, copies) + dispatch, 0.0)
+    pn.compute_s = np.tile(pn.compute_s, copies) + pn.remake_s
+    pn.memory_bytes = np.tile(pn.memory_bytes, copies)
+    pn.modes = modes
+    forward_end = max(born + 1, candidate.forward_last + 1)
+    index = b.add_node(pn, born, forward_end)
+    moment, usage = candidate.rematerialise, pn.memory_bytes
+    if candidate.saved:
+        parts = [
+            ("kept", " (kept for the backward)", np.where(modes == KEEP, usage, 0), forward_end, moment),
+            ("held", " (in the backward)", usage, moment, max(end, moment + 1)),
+        ]
+    else:  # a value the backward does not read, stored for recomputations
+        stored = np.where(modes == STORE, usage, 0)
+        parts = [("kept", " (stored for recomputation)", stored, forward_end, candidate.store_until + 1)]
+    for kind, suffix, held_usage, start, stop in parts:
+        if stop <= start or not held_usage.any():
+            continue
+        held = ProblemNode(
+            name=pn.name + suffix,
+            kind=kind,
+            op=None,
+            output_specs=pn.output_specs,
+            input_specs=np.zeros((len(usage), 0, b.mesh.ndim), dtype=np.int16),
+            outputs=pn.outputs,
+            compute_s=np.zeros(len(usage)),
+            memory_bytes=held_usage,
+            modes=modes,
+            held_for=pn.name,
+        )
+        b.groups.append((index, b.add_node(held, start, stop)))
+    return index
+
+
+def _price_recomputation(
+    b: _Builder, matrices: list[np.ndarray], recomputed: Mapping[int, Candidate]
+) -> None:
+    """Into a recomputed strategy of an op: its activation arguments' redistributions once more."""
+    for edge, matrix in zip(b.edges, matrices, strict=True):
+        modes = b.nodes[edge.consumer].modes
+        if edge.consumer in recomputed and modes is not None and edge.kind == "activation":
+            matrix[:, modes == RECOMPUTE] *= 2.0
+
+
+def _recomputation_terms(
+    b: _Builder,
+    pairs: list[tuple[int, int]],
+    matrices: list[np.ndarray],
+    candidates: Mapping[int, Candidate],
+    index_of: Mapping[torch.fx.Node, int],
+    node_scale: np.ndarray,
+    always_there: set[torch.fx.Node],
+    alive_until: Mapping[torch.fx.Node, int],
+) -> None:
+    """The `BuiltProblem.recompute_edges` of every recomputed op: a closure op's compute (on its strategy, in
+    the op's recomputed strategies), ``inf`` where a frontier value is absent."""
+    fx_of = {i: n for n, i in index_of.items()}
+    for (u, w), matrix in zip(pairs, matrices, strict=True):
+        consumer, producer = candidates[w], b.nodes[u]
+        columns = b.nodes[w].modes == RECOMPUTE
+        if fx_of[u] in consumer.closure:
+            cost = producer.compute_s / COST_UNIT_S * node_scale[w]
+            matrix[:, columns] = cost[:, None]
+            continue
+        rows = available_rows(
+            candidates.get(u),
+            producer.modes if producer.modes is not None else np.full(len(matrix), KEEP, dtype=np.int8),
+            consumer,
+            fx_of[u] in always_there,
+            alive_until.get(fx_of[u], 0),
+        )
+        matrix[np.ix_(~rows, columns)] = np.inf
 
 
 def _repeat(
@@ -399,8 +569,8 @@ def _repeat(
         raise ValueError("layer repeat: needs backward_start")
     node_layer: list[int | None] = []
     for node in b.nodes:
-        name = node.name.removesuffix(".grad") if node.kind == "gradient" else node.name
-        node_layer.append(layer_of(paths.get(name, "") if node.kind == "op" else name))
+        name = node.name.removesuffix(".grad") if node.kind == "gradient" else node.held_for or node.name
+        node_layer.append(layer_of(paths.get(name, "") if node.kind in ("op", "kept", "held") else name))
     node_weight, edge_weight = cost_weights(
         repeat, node_layer, [(e.producer, e.consumer) for e in b.edges], tied
     )
@@ -408,7 +578,7 @@ def _repeat(
     op_starts = [b.intervals[i][0] for i in members if b.nodes[i].kind == "op"]
     forward_end = max(p for p in op_starts if p <= backward_start) + 1
     backward_begin = min(p for p in op_starts if p > backward_start)
-    kinds = [n.kind for n in b.nodes]
+    kinds = [n.kind for n in b.nodes]  # a `kept` part (recomputation's gap) always has a ghost
     if repeat.left_out > 0:
         for i, interval in ghost_intervals(
             b.intervals, kinds, members, forward_end, backward_begin, step_end
@@ -423,6 +593,7 @@ def _repeat(
                 outputs=node.outputs,
                 compute_s=np.zeros(len(node.output_specs)),
                 memory_bytes=node.memory_bytes * repeat.left_out,
+                held_for=node.held_for,
             )
             b.groups.append((i, b.add_node(ghost, *interval)))
     node_weight = np.concatenate([node_weight, np.zeros(len(b.nodes) - len(node_weight))])

@@ -18,7 +18,8 @@ capture exactly:
   of its forward to the start of its backward. Temporaries need no ghost: only one layer runs at a time.
   At every step of the short timeline the live bytes then equal the full step's at the corresponding step
   of its last (forward) or first (backward) middle layer, where the full stack's peak over middle layers
-  lies.
+  lies. A value that may be recomputed (:mod:`strategies.problem.recompute`) holds its bytes between its
+  forward and its backward in a ``kept`` node of its own (none when recomputed): that node gets the ghost.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def ghost_intervals(
             ghosts.append((i, (0, step_end)))
         elif kinds[i] == "gradient":
             ghosts.append((i, (min(start, backward_start), step_end)))
-        elif start < forward_end and end > backward_start:
+        elif kinds[i] == "kept" or (start < forward_end and end > backward_start):  # held over the gap
             ghosts.append((i, (forward_end, backward_start)))
     return ghosts
 

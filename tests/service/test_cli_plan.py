@@ -64,6 +64,28 @@ def test_unknown_models_and_bad_meshes_exit_2_naming_the_field(tmp_path: Path) -
     assert code == 2 and "model" in stderr
     code, _, stderr = autoshard("plan", "--model", "mlp", "--mesh", "4x", "--out", str(tmp_path / "p.json"))
     assert code == 2 and "mesh" in stderr
+    code, _, stderr = autoshard(
+        "plan", "--model", "mlp", "--mesh", "4", "--recompute", "sometimes", "--out", str(tmp_path / "p.json")
+    )
+    assert code == 2 and "recompute" in stderr and "auto, none, selective, full" in stderr
+
+
+def test_the_plan_names_what_it_recomputes_and_the_summary_what_that_frees(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    args = ("plan", "--model", "gpt2-small", "--layers", "2", "--mesh", "2", "--batch", "8", "--seq", "512")
+    code, stdout, stderr = autoshard(*args, "--recompute", "full", "--out", str(out), "--time-limit", "30")
+    assert code == 0, stderr
+    plan = json.loads(out.read_text())
+    assert plan["recompute"] and set(plan["recompute"]) <= {node["name"] for node in plan["nodes"]}
+    predicted = plan["predicted"]
+    assert 0 < predicted["recompute_s"] < predicted["compute_s"]
+    assert predicted["recompute_freed_bytes"] > 0
+    assert f"recomputation: {len(plan['recompute'])} values made again in the backward" in stdout
+    code, stdout, _ = autoshard(*args, "--recompute", "none", "--out", str(out), "--time-limit", "30")
+    none = json.loads(out.read_text())
+    assert code == 0 and none["recompute"] == [] and none["predicted"]["recompute_s"] == 0
+    assert none["predicted"]["peak_memory_bytes"] > predicted["peak_memory_bytes"]
+    assert "recomputation: none" in stdout
 
 
 def test_a_budget_nothing_fits_exits_3(tmp_path: Path) -> None:

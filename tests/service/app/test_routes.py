@@ -120,6 +120,7 @@ def test_metrics_report_jobs_by_state_queue_depth_and_latency(client: TestClient
         ({**MLP, "pinned": {"inputs": {"0": ["S(0)", "R"]}}}, "pinned.inputs.0"),
         ({**MLP, "pinned": {"inputs": {"0": ["Q(7)"]}}}, "pinned.inputs.0"),
         ({**MLP, "colour": "blue"}, "colour"),
+        ({**MLP, "recompute": "sometimes"}, "recompute"),
         ({**MLP, "model": None, "graph": {"version": 1, "nodes": []}}, "graph.format"),
         ({**MLP, "model": None, "graph": [1, 2]}, "graph"),
         ({**MLP, "graph": {"version": 1}}, "model"),

@@ -20,7 +20,8 @@ from tests.service.search.conftest import gpt_search, mlp_search
 
 ROW_FIELDS = {
     "id", "mesh", "axis_names", "batch", "seq", "status", "rank", "step_time_s", "compute_s", "comm_s",
-    "exposed_comm_s", "load_s", "samples_per_s", "tokens_per_s", "peak_memory_bytes", "memory_budget_bytes",
+    "exposed_comm_s", "load_s", "recompute_s", "recomputed", "samples_per_s", "tokens_per_s",
+    "peak_memory_bytes", "memory_budget_bytes",
     "min_peak_bytes", "certificate", "plan_file", "error", "seconds",
 }  # fmt: skip
 
