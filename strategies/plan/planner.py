@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from solver.errors import InfeasibleError
 from solver.headroom import with_headroom
+from solver.problem import Problem
 from solver.solve import SolveResult, solve
 from strategies.cost.mesh import Mesh, make_mesh
 from strategies.graph.passes import capture_for_planning
@@ -20,6 +21,7 @@ from strategies.plan.plan_json import make_plan
 from strategies.problem.builder import BuiltProblem, build_problem
 from strategies.problem.layer_repeat import MIN_CAPTURED, LayerRepeat
 from strategies.problem.recompute import AUTO
+from strategies.problem.recompute import NONE as NO_RECOMPUTE
 from strategies.units import bytes_text
 
 if TYPE_CHECKING:
@@ -35,6 +37,11 @@ DEFAULT_GAP = 0.01
 SOLVER_THREADS = 2
 """Cores one plan's solve uses (the machines this runs on have two)."""
 HEADROOM_SHARE = 0.5
+AUTO_RECOMPUTE_PEAK_SHARE = 0.9
+"""``recompute=auto`` plans with recomputation only where the plan without it peaks above this share of the
+limit (or nothing fits): below, memory does not bind and recomputation could only add time."""
+MIN_SECOND_SOLVE_S = 1.0
+"""... and that second solve gets the time left, at least this long."""
 HEADROOM_MIN_S = 1.0
 """After the time-optimal solve, the headroom pass (:mod:`solver.headroom`: the least peak within the gap)
 gets half the time that solve took, at least `HEADROOM_MIN_S`, never past the request's time limit ..."""
@@ -111,16 +118,20 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
     _check_baseline(request.baseline, mesh)
     started = time.perf_counter()
+    first = _first_policy(request)
     if request.graph is not None:
-        built = _load_and_build(request, mesh, say, timings)
+        build = _load(request, mesh, say, timings)
+        built = build(first)
     else:
         repeat = _layer_repeat(request)
         try:
-            built = _capture_and_build(request, mesh, repeat, say, timings)
+            build = _capture(request, mesh, repeat, say, timings)
+            built = build(first)
         except RepeatMismatch as error:
             say(f"{error}: capturing every layer")
-            built = _capture_and_build(request, mesh, None, say, timings)
-    return _solve_and_plan(request, mesh, built, say, timings, started)
+            build = _capture(request, mesh, None, say, timings)
+            built = build(first)
+    return _solve_and_plan(request, mesh, build, built, say, timings, started)
 
 
 def plan_captured(
@@ -139,37 +150,57 @@ def plan_captured(
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
     _check_baseline(request.baseline, mesh)
     started = time.perf_counter()
-    built = _build(graph, request, mesh, repeat, say, timings)
-    return _solve_and_plan(request, mesh, built, say, timings, started, threads)
+
+    def build(policy: str) -> BuiltProblem:
+        return _build(graph, request, mesh, repeat, say, timings, policy)
+
+    built = build(_first_policy(request))
+    return _solve_and_plan(request, mesh, build, built, say, timings, started, threads)
+
+
+def _first_policy(request: PlanRequest) -> str:
+    """The recomputation the first solve plans with: ``auto`` starts without (`_solve_and_plan`)."""
+    return NO_RECOMPUTE if request.recompute == AUTO else request.recompute
 
 
 def _solve_and_plan(
     request: PlanRequest,
     mesh: Mesh,
+    build: Callable[[str], BuiltProblem],
     built: BuiltProblem,
     say: Progress,
     timings: dict[str, float],
     started: float,
     threads: int = SOLVER_THREADS,
 ) -> PlanOutcome:
-    problem = built.problem
-    if request.baseline is not None:
-        from strategies.plan.baselines import baseline_pins
-
-        problem = problem.replace(pins={**problem.pins, **baseline_pins(request.baseline, built)})
-    say(f"solving: {problem.summary()}")
+    """Solve ``built`` (made by ``build`` with `_first_policy`) and plan. Under ``recompute=auto`` the first
+    solve has no recomputation: where its plan leaves memory free (its peak under `AUTO_RECOMPUTE_PEAK_SHARE`
+    of the limit), recomputation could only add time, and that plan is the answer; where memory binds (or
+    nothing fits), the problem with recomputation is built and solved in the time left, and the faster plan
+    wins. (Recomputation on every plan made 4x4x4 plans 3x slower to solve for nothing.)"""
     phase = time.perf_counter()
     try:
-        result = solve(
-            problem,
-            backend=request.backend,
-            time_limit=request.time_limit,
-            threads=threads,
-            relative_gap=request.gap,
-            progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
-        )
+        result, problem = _solve_built(request, built, say, threads, request.time_limit)
     except InfeasibleError as error:
-        raise _budget_error(error, request, mesh) from error
+        if request.recompute != AUTO:
+            raise _budget_error(error, request, mesh) from error
+        result, problem, failure = None, None, error
+    limit = built.problem.usage_limit
+    peak = None if result is None else result.peak_usage
+    if request.recompute == AUTO and (peak is None or (limit and peak > AUTO_RECOMPUTE_PEAK_SHARE * limit)):
+        say("memory binds: planning with activation recomputation")
+        left = max(request.time_limit - (time.perf_counter() - phase), MIN_SECOND_SOLVE_S)
+        again = build(AUTO)
+        try:
+            second, second_problem = _solve_built(request, again, say, threads, left)
+        except InfeasibleError as error:
+            if result is None:
+                raise _budget_error(error, request, mesh) from error
+        else:
+            if result is None or (second.cost is not None and second.cost < result.cost):
+                result, problem, built = second, second_problem, again
+    if result is None:
+        raise _budget_error(failure, request, mesh) from failure
     fastest = result
     if request.baseline is None and _wants_headroom(result, problem.usage_limit):
         spent = time.perf_counter() - phase
@@ -180,6 +211,27 @@ def _solve_and_plan(
     plan = make_plan(built, result, request=request_record(request), fastest=fastest)
     plan["timings"] = {**timings, "total": time.perf_counter() - started}
     return PlanOutcome(plan, built, result, timings)
+
+
+def _solve_built(
+    request: PlanRequest, built: BuiltProblem, say: Progress, threads: int, time_limit: float
+) -> tuple[SolveResult, Problem]:
+    """The solve of a built problem (the request's baseline pinned), and the problem solved."""
+    problem = built.problem
+    if request.baseline is not None:
+        from strategies.plan.baselines import baseline_pins
+
+        problem = problem.replace(pins={**problem.pins, **baseline_pins(request.baseline, built)})
+    say(f"solving: {problem.summary()}")
+    result = solve(
+        problem,
+        backend=request.backend,
+        time_limit=time_limit,
+        threads=threads,
+        relative_gap=request.gap,
+        progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
+    )
+    return result, problem
 
 
 def _wants_headroom(result: SolveResult, limit: int | None) -> bool:
@@ -312,11 +364,11 @@ def export_request_graph(request: PlanRequest, say: Progress | None = None) -> d
     return graph_document(graph, repeat=repeat, model=request.model)
 
 
-def _load_and_build(
+def _load(
     request: PlanRequest, mesh: Mesh, say: Progress, timings: dict[str, float]
-) -> BuiltProblem:
-    """Read the request's graph document (refused with a GraphFormatError naming the field), build the
-    problem; ``timings`` gets the seconds of the load and of the build."""
+) -> Callable[[str], BuiltProblem]:
+    """Read the request's graph document (refused with a GraphFormatError naming the field); returns the
+    builder of its problem (by recomputation policy). ``timings`` gets the seconds of the load and builds."""
     from strategies.graph.graph_format import FIXED_BY_GRAPH, GraphFormatError, check_beside_graph
     from strategies.graph.imported import load_graph
 
@@ -333,27 +385,31 @@ def _load_and_build(
             "stack only when layers are shared"
         )
     timings["load"] = time.perf_counter() - started
-    try:
-        return _build(imported.graph, request, mesh, repeat, say, timings)
-    except RepeatMismatch as error:
-        raise GraphFormatError("layers", f"{error}; export every layer") from None
+
+    def build(policy: str) -> BuiltProblem:
+        try:
+            return _build(imported.graph, request, mesh, repeat, say, timings, policy)
+        except RepeatMismatch as error:
+            raise GraphFormatError("layers", f"{error}; export every layer") from None
+
+    return build
 
 
-def _capture_and_build(
+def _capture(
     request: PlanRequest,
     mesh: Mesh,
     repeat: LayerRepeat | None,
     say: Progress,
     timings: dict[str, float],
-) -> BuiltProblem:
-    """Build the model on meta, capture its step, build the problem; ``timings`` gets the seconds of the
-    capture (including building the model) and of the problem build."""
+) -> Callable[[str], BuiltProblem]:
+    """Build the model on meta and capture its step; returns the builder of its problem (by recomputation
+    policy). ``timings`` gets the seconds of the capture (including building the model) and of each build."""
     started = time.perf_counter()
     depth = f" ({repeat.captured} of its {repeat.total} layers)" if repeat is not None else ""
     layers = repeat.captured if repeat is not None else request.layers
     graph, _ = capture_request(request, layers, say=say, depth=depth)
     timings["capture"] = time.perf_counter() - started
-    return _build(graph, request, mesh, repeat, say, timings)
+    return lambda policy: _build(graph, request, mesh, repeat, say, timings, policy)
 
 
 def _build(
@@ -363,8 +419,10 @@ def _build(
     repeat: LayerRepeat | None,
     say: Progress,
     timings: dict[str, float],
+    recompute: str,
 ) -> BuiltProblem:
-    """The problem of a captured (or loaded) step under the request's budget, pins and options."""
+    """The problem of a captured (or loaded) step under the request's budget, pins and options, with the
+    recomputation policy ``recompute``."""
     phase = time.perf_counter()
     limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
     say(f"building the problem on {mesh}")
@@ -388,7 +446,7 @@ def _build(
             share_layers=request.share_layers,
             repeat=repeat,
             backward_start=graph.backward_start,
-            recompute=request.recompute,
+            recompute=recompute,
         )
     except ValueError as error:
         if repeat is not None and str(error).startswith("layer repeat"):

@@ -19,7 +19,7 @@ from benchmarks.calibration_export import Skip, call_record, encode, records_of
 from benchmarks.compute_calibration import FORMAT, build_call, decode, measure, op_family
 from strategies.cost.mesh import make_mesh
 from strategies.ops.generate import OpStrategies, op_strategies
-from strategies.plan.planner import PlanRequest, _capture_and_build, _layer_repeat
+from strategies.plan.planner import PlanRequest, _capture, _layer_repeat
 from strategies.problem.builder import BuiltProblem, ProblemNode
 from strategies.tensor_meta import TensorMeta
 
@@ -32,7 +32,7 @@ TINY_LLAMA = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 96, "ffn_d
 def tiny() -> tuple[BuiltProblem, np.ndarray]:
     """A tiny Llama on 2x2 with every op on its cheapest (most sharded) strategy: many local shapes."""
     request = PlanRequest(model="llama3-8b", mesh="2x2", batch=4, seq=16, layers=4, options=TINY_LLAMA)
-    built = _capture_and_build(request, make_mesh("2x2"), _layer_repeat(request), lambda _m: None, {})
+    built = _capture(request, make_mesh("2x2"), _layer_repeat(request), lambda _m: None, {})("none")
     chosen = np.array([int(np.argmin(n.compute_s)) if n.kind == "op" else 0 for n in built.nodes])
     return built, chosen
 
