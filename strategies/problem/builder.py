@@ -17,7 +17,9 @@ Problem nodes (each with its strategy list, cost and memory per strategy):
 - a loss sink with the single placement all-``R``: every rank needs the loss value.
 
 Repeated transformer layers share decisions (:mod:`strategies.problem.layer_sharing`) when ``module_path`` is
-given and ``share_layers`` is on.
+given and ``share_layers`` is on. With a ``recompute`` policy, a value a layer's backward reads may be kept or
+made again (:mod:`strategies.problem.recompute`): its op's strategies repeat once per mode, and nodes grouped
+with it hold its bytes over the parts of its life.
 
 ``operator.getitem`` nodes are folded into their producer (consumers read the producer's output ``k``).
 Edges: per consumer tensor argument, the producer-output -> consumer-input redistribution matrix
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,7 +219,7 @@ class _Builder:
     def edge_costs(
         self,
         weights: np.ndarray,
-        extra: list[tuple[int, int]] = (),  # type: ignore[assignment]
+        extra: Sequence[tuple[int, int]] = (),
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Every edge's ``[producer strategy, consumer strategy]`` costs (the seconds of its redistribution,
         the overlapped share of parameter and gradient moves taken off, in `COST_UNIT_S`, times the edge's
@@ -349,8 +351,8 @@ def build_problem(
     kept = placement_kept(order)
     candidates: dict[torch.fx.Node, Candidate] = {}
     if backward_start is not None and paths:
-        written = {(node, source) for node, k in kept if (source := _tensor_sources(node)[k]) is not None}
-        written = {(node, source[0]) for node, source in written}
+        sources = {node: _tensor_sources(node) for node, _ in kept}
+        written = {(node, sources[node][k][0]) for node, k in kept if sources[node][k] is not None}
         candidates = find_candidates(
             order, position, backward_start, paths, alive_until, always_there, written, recompute
         )
