@@ -18,7 +18,7 @@ from strategies.cost.mesh import Mesh, make_mesh
 from strategies.graph.passes import capture_for_planning
 from strategies.placement import parse_spec
 from strategies.plan.plan_json import make_plan
-from strategies.problem.builder import BuiltProblem, build_problem
+from strategies.problem.builder import BuiltProblem, build_step_problem
 from strategies.problem.layer_repeat import MIN_CAPTURED, LayerRepeat
 from strategies.problem.recompute import AUTO
 from strategies.problem.recompute import NONE as NO_RECOMPUTE
@@ -427,14 +427,9 @@ def _build(
     limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
     say(f"building the problem on {mesh}")
     try:
-        built = build_problem(
-            graph.gm,
+        built = build_step_problem(
+            graph,
             mesh,
-            parameters=graph.parameters,
-            gradients=graph.gradients,
-            inputs=graph.inputs,
-            buffers=graph.buffers,
-            loss=graph.loss,
             memory_limit=limit,
             input_placements={int(i): parse_spec(p) for i, p in request.input_placements.items()},
             parameter_placements={
@@ -442,10 +437,8 @@ def _build(
                 for n, p in request.parameter_placements.items()
             },
             overlap=request.overlap,
-            module_path=graph.module_path,
             share_layers=request.share_layers,
             repeat=repeat,
-            backward_start=graph.backward_start,
             recompute=recompute,
         )
     except ValueError as error:

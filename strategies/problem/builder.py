@@ -36,7 +36,7 @@ import itertools
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -63,6 +63,9 @@ from strategies.problem.recompute import (
 )
 from strategies.problem.recompute import NONE as NO_RECOMPUTE
 from strategies.tensor_meta import TensorMeta, flatten_outputs
+
+if TYPE_CHECKING:
+    from strategies.graph.capture import JointGraph
 
 COST_UNIT_S = 1e-6
 """Problem costs are in microseconds."""
@@ -131,8 +134,6 @@ class BuiltProblem:
     overlap: float = 0.0
     """The share of parameter gathers and gradient reductions hidden behind compute (their edges cost the
     rest)."""
-    recompute: str = NO_RECOMPUTE
-    """The recomputation policy the problem was built with (:mod:`strategies.problem.recompute`)."""
     recompute_edges: list[tuple[int, int]] = field(default_factory=list)
     """The problem's edges after `edges`: (closure op, recomputed op) pairs pricing the closure's compute,
     and (frontier value, recomputed op) pairs forbidding its absence (:mod:`strategies.problem.recompute`)."""
@@ -464,7 +465,6 @@ def build_problem(
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
     built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
     built.overlap = overlap
-    built.recompute = recompute if isinstance(recompute, str) else "custom"
     built.recompute_edges = extra
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
     return built
@@ -478,8 +478,9 @@ def _add_candidate(b: _Builder, pn: ProblemNode, candidate: Candidate, born: int
     pn.output_specs = np.concatenate([pn.output_specs] * copies)
     pn.input_specs = np.concatenate([pn.input_specs] * copies)
     dispatch = RECOMPUTE_DISPATCH_S * (1 + len(candidate.closure))
-    pn.remake_s = np.where(modes == RECOMPUTE, np.tile(pn.compute_s, copies) + dispatch, 0.0)
-    pn.compute_s = np.tile(pn.compute_s, copies) + pn.remake_s
+    compute_s = np.tile(pn.compute_s, copies)
+    pn.remake_s = np.where(modes == RECOMPUTE, compute_s + dispatch, 0.0)
+    pn.compute_s = compute_s + pn.remake_s
     pn.memory_bytes = np.tile(pn.memory_bytes, copies)
     pn.modes = modes
     forward_end = max(born + 1, candidate.forward_last + 1)
@@ -550,6 +551,23 @@ def _recomputation_terms(
             alive_until.get(fx_of[u], 0),
         )
         matrix[np.ix_(~rows, columns)] = np.inf
+
+
+def build_step_problem(graph: JointGraph, mesh: Mesh, **options: Any) -> BuiltProblem:
+    """`build_problem` of a captured (or loaded) step: its graph, parameters, gradients, inputs, buffers,
+    loss, module paths and first backward op; ``options`` are the rest of `build_problem`'s keywords."""
+    return build_problem(
+        graph.gm,
+        mesh,
+        parameters=graph.parameters,
+        gradients=graph.gradients,
+        inputs=graph.inputs,
+        buffers=graph.buffers,
+        loss=graph.loss,
+        module_path=graph.module_path,
+        backward_start=graph.backward_start,
+        **options,
+    )
 
 
 def _repeat(
@@ -713,4 +731,11 @@ def _op_call(node: torch.fx.Node) -> tuple[tuple, dict]:
     return meta(node.args), meta(node.kwargs)
 
 
-__all__ = ["COST_UNIT_S", "BuiltProblem", "build_problem", "tensor_placements", "tied_middle_layers"]
+__all__ = [
+    "COST_UNIT_S",
+    "BuiltProblem",
+    "build_problem",
+    "build_step_problem",
+    "tensor_placements",
+    "tied_middle_layers",
+]

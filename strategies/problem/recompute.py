@@ -138,7 +138,8 @@ def find_candidates(
             rematerialise.setdefault(layer, position[node])
     values = _forward_values(order[:backward_start], position, backward_start + 1, paths, rematerialise)
     fixed = policy != AUTO
-    recomputed: dict[fx.Node, tuple[tuple[fx.Node, ...], tuple[fx.Node, ...]]] = {}  # -> (closure, frontier)
+    # value -> (its layer's rematerialise, its closure, its frontier)
+    recomputed: dict[fx.Node, tuple[int, tuple[fx.Node, ...], tuple[fx.Node, ...]]] = {}
     stored: dict[fx.Node, int] = {}  # unsaved value -> the last moment a recomputation needs it
     for node, value in values.items():
         if not (value.saved and value.recomputable and _wants(policy, node)):
@@ -152,7 +153,7 @@ def find_candidates(
             _there(source, value.layer, moment, values, recomputed, fixed, always_there, last_use)
             for source in frontier
         ):
-            recomputed[node] = (closure, frontier)
+            recomputed[node] = (moment, closure, frontier)
             for source in frontier:
                 if source in values and not values[source].saved:
                     stored[source] = max(stored.get(source, 0), moment)
@@ -160,8 +161,7 @@ def find_candidates(
     for node, value in values.items():
         if node in recomputed:
             modes = (RECOMPUTE,) if fixed else (KEEP, RECOMPUTE)
-            closure, frontier = recomputed[node]
-            moment = rematerialise[value.layer]  # type: ignore[index]
+            moment, closure, frontier = recomputed[node]
             candidates[node] = Candidate(
                 value.layer, True, modes, value.forward_last, moment, closure, frontier
             )

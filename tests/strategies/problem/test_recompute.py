@@ -20,7 +20,7 @@ from solver.errors import InfeasibleError
 from solver.solve import solve
 from strategies.cost.mesh import make_mesh
 from strategies.graph.passes import capture_for_planning
-from strategies.problem.builder import BuiltProblem, build_problem
+from strategies.problem.builder import BuiltProblem, build_step_problem
 from strategies.problem.recompute import RECOMPUTE, Policy, check_policy
 from tests.strategies.problem.test_activation_memory import GPT
 
@@ -40,17 +40,10 @@ def graphs() -> dict[int, object]:
 
 
 def _build(graph, policy: Policy, mesh_shape=(1,), memory_limit=None) -> BuiltProblem:
-    return build_problem(
-        graph.gm,
+    return build_step_problem(
+        graph,
         make_mesh(mesh_shape, ("dp",) if len(mesh_shape) == 1 else ("dp", "tp")),
-        parameters=graph.parameters,
-        gradients=graph.gradients,
-        inputs=graph.inputs,
-        buffers=graph.buffers,
-        loss=graph.loss,
         memory_limit=memory_limit,
-        module_path=graph.module_path,
-        backward_start=graph.backward_start,
         share_layers=False,
         recompute=policy,
     )
