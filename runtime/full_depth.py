@@ -9,8 +9,8 @@ on its module path): an op of the full graph is the op of the short graph with t
      op and phase in its own module, in execution order)
 
 so the third ``mm`` of layer 17's attention in the backward takes the placements of the third ``mm`` of the
-middle copy's attention in the backward. :func:`expand_plan` rewrites the plan's nodes under the full graph's
-names; the rest of the runtime then applies it like any plan.
+middle copy's attention in the backward. :func:`expand_plan` rewrites the plan's nodes (and the values it
+recomputes) under the full graph's names; the rest of the runtime then applies it like any plan.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ def expand_plan(plan: Mapping[str, Any], short: JointGraph, full: JointGraph) ->
     entries = {entry["name"]: entry for entry in plan["nodes"]}
     short_keys = dict(node_keys(short, None))
     nodes = []
+    recomputed = set(plan.get("recompute") or ())
+    recompute = []
     for key, name in node_keys(full, repeat):
         source = short_keys.get(key)
         if source is None or source not in entries:
@@ -79,6 +81,10 @@ def expand_plan(plan: Mapping[str, Any], short: JointGraph, full: JointGraph) ->
                 f"{path or 'the step'}) has no counterpart in the plan's {repeat.captured}-layer capture"
             )
         nodes.append({**entries[source], "name": name})
+        if source in recomputed:  # every layer recomputes what the layer standing for it does
+            recompute.append(name)
     expanded = {key: value for key, value in plan.items() if key != "layers"}
     expanded["nodes"] = nodes
+    if "recompute" in plan:
+        expanded["recompute"] = recompute
     return expanded

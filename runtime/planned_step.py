@@ -15,6 +15,10 @@ DTensor's own propagation picks the same strategies:
 A random op (dropout's ``bernoulli_``) runs instead on the whole tensor on every rank, each keeping its piece,
 so its numbers are one process's (:mod:`runtime.random_ops`).
 
+The values the plan recomputes (``recompute``) are dropped after their last forward reader and made again
+when their layer's backward begins, by the same ops on the same placements, a random op from the generator
+state its forward drew from (:mod:`runtime.recomputation` says the order and when each value goes).
+
 The step returns the loss and the gradients, each gradient redistributed to its parameter's placement (the
 gradient reduction the plan priced), so any torch optimizer steps on the DTensor parameters.
 """
@@ -33,7 +37,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from runtime import random_ops
+from runtime import random_ops, recomputation
 from runtime.plan_specs import differs, hold_mask, output_codes, read_placements, tensor_placements
 from runtime.replicated_ops import lacks_rule, run_replicated
 from strategies.graph.capture import JointGraph
@@ -227,7 +231,18 @@ class PlannedStep:
         self.input_placements = [
             _placements(spec, f"input {k}") for k, spec in enumerate(plan.get("inputs", []))
         ]
-        self.frees_after = _frees_after(graph)
+        try:
+            self.entries, self.drops = recomputation.schedule(graph, plan)
+        except recomputation.RecomputeMismatch as error:
+            raise PlanMismatch(str(error)) from None
+        named = set(plan.get("recompute") or ())
+        self.recomputed = [entry.node for entry in self.entries if entry.again and entry.node.name in named]
+        """The values the plan recomputes, as they are made again (every layer's, at full depth)."""
+        self.replayed = {  # random ops made again: they draw again what their forward drew
+            entry.node
+            for entry in self.entries
+            if entry.again and random_ops.draws_random(entry.node.target, entry.node.args, entry.node.kwargs)
+        }
         self.gradient_of: dict[fx.Node, list[str]] = {}
         for name, node in graph.gradients.items():
             self.gradient_of.setdefault(node, []).append(name)
@@ -303,14 +318,22 @@ class PlannedStep:
         for value in env.values():
             live.add(value)
         gradients: dict[str, DTensor] = {}
+        draws: dict[fx.Node, Any] = {}  # random op made again -> the generator state its forward drew from
         with torch.no_grad():
-            for index, node in enumerate(self.graph.order):
-                env[node] = self._run(node, env, deviations, live)
+            for entry, drops in zip(self.entries, self.drops, strict=True):
+                node = entry.node
+                if entry.again and node in self.replayed:
+                    with random_ops.drawing_from(draws.pop(node)):
+                        env[node] = self._run(node, env, deviations, live)
+                else:
+                    if node in self.replayed:
+                        draws[node] = random_ops.generator_state(self.mesh.device_type)
+                    env[node] = self._run(node, env, deviations, live)
                 live.add(env[node])
-                for name in self.gradient_of.get(node, ()):  # reduced at once, as DDP and FSDP do
-                    gradients[name] = redistribute(env[node], self.parameter_placements[name])
-                    live.add(gradients[name])
-                for done in self.frees_after[index]:  # values past their last use go
+                for name in () if entry.again else self.gradient_of.get(node, ()):
+                    gradients[name] = redistribute(env[node], self.parameter_placements[name])  # at once,
+                    live.add(gradients[name])  # as DDP and FSDP reduce
+                for done in drops:  # values past their last use go
                     live.remove(env.pop(done))
         return StepResult(env[self.graph.loss], gradients, deviations, live.peak)
 
@@ -436,20 +459,6 @@ def _largest_piece(value: DTensor, placements: Placements) -> int:
 
 def _replaced(held: Sequence[Any], k: int, value: Any) -> Any:
     return type(held)(value if i == k else v for i, v in enumerate(held))
-
-
-def _frees_after(graph: JointGraph) -> list[list[fx.Node]]:
-    """Per op index, the op values whose last use it is (the loss and input gradients stay; a parameter's
-    gradient goes after its last use inside the step, its reduced copy having been taken)."""
-    position = {node: index for index, node in enumerate(graph.order)}
-    kept = {graph.loss, *graph.input_gradients.values()}
-    frees: list[list[fx.Node]] = [[] for _ in graph.order]
-    for node in graph.order:
-        if node in kept:
-            continue
-        uses = [position[user] for user in node.users if user in position]
-        frees[max(uses, default=position[node])].append(node)
-    return frees
 
 
 def _call(op: Any, args: Any, kwargs: dict[str, Any]) -> Any:

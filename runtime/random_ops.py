@@ -25,14 +25,17 @@ Memory: the whole output (a dropout mask of the whole activation, ``numel x item
 rank while it keeps its piece, and is freed before the next op; the step's measured peak counts it. Compute:
 every rank draws the whole tensor, ``mesh size`` times one process's draws in all.
 
-Backward: in the joint graph a mask is a value the backward reads, so forward and backward use the same one.
+Backward: in the joint graph a mask is a value the backward reads, so forward and backward use the same one;
+a mask the plan recomputes is drawn again from the generator state its forward drew from
+(:func:`generator_state`, :func:`drawing_from`), the same numbers.
 An op that re-draws its dropout from a saved Philox seed (a fused CUDA attention's backward) draws too, so it
 also runs whole, from the seed its whole forward saved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -142,6 +145,26 @@ def seed_step(seed: int, step: int) -> None:
     and its one-process reference then draw the same numbers (each seeds before its step), whatever the
     capture, the other steps or a checkpoint drew before."""
     torch.manual_seed(seed + step)
+
+
+def generator_state(device_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The state of the generators a random op on ``device_type`` draws from (the CPU's, and the current
+    CUDA device's), for :func:`drawing_from` to draw the same numbers again."""
+    cuda = torch.cuda.get_rng_state() if device_type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+@contextlib.contextmanager
+def drawing_from(state: tuple[torch.Tensor, torch.Tensor | None]) -> Iterator[None]:
+    """Draw from ``state`` (a recomputation drawing what the forward drew), then leave the generators where
+    they were: the rest of the step draws as if nothing had been made again."""
+    cpu, cuda = state
+    devices = [torch.cuda.current_device()] if cuda is not None else []
+    with torch.random.fork_rng(devices=devices):
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
+        yield
 
 
 def _named_arguments(

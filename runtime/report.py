@@ -33,6 +33,13 @@ def report_text(report: dict[str, Any]) -> str:
     if drawn:  # which path the random ops took (runtime/random_ops.py)
         ops = ", ".join(f"{count} {op}" for op, count in drawn.items())
         lines += ["", f"random ops: {ops}; {report['random_ops']['path']}"]
+    recompute = report.get("recompute", {})
+    if recompute.get("values"):
+        lines += [
+            "",
+            f"recomputation: {recompute['values']} values dropped after the forward and made again in the "
+            f"backward ({recompute['ops_made_again']} ops run again)",
+        ]
     if report["checked"]:
         lines += ["", "check: loss, gradients and parameters equal one process"]
     return "\n".join(lines)

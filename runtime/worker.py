@@ -152,6 +152,10 @@ def run_rank(options: RunOptions) -> dict[str, Any]:
         },
         "deviations": deviations,
         "random_ops": {"ops": drawn, "path": random_ops.PATH if drawn else None},
+        "recompute": {  # what the plan recomputes, and the ops made again for it
+            "values": len(applied.step.recomputed),
+            "ops_made_again": sum(entry.again for entry in applied.step.entries),
+        },
         "memory": _memory(peak, plan),
         "checked": options.check,
     }

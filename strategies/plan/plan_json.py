@@ -149,7 +149,7 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
             continue
         counted.add(value)
         comm += seconds
-        if edge.kind == "activation" and built.nodes[edge.consumer].recomputed(int(chosen[edge.consumer])):
+        if edge.kind != "gradient" and built.nodes[edge.consumer].recomputed(int(chosen[edge.consumer])):
             recompute += seconds / 2  # the redistribution made again
         if edge.kind in ("parameter", "gradient") and built.overlap < 1:
             hidden += seconds * built.overlap / (1 - built.overlap)
@@ -161,6 +161,16 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
             if step.collective != "local":
                 comm_bytes += step.nbytes * edge_weight[e]
                 collectives[step.collective] = collectives.get(step.collective, 0) + edge_weight[e]
+    for e, times in _moved_again(built, chosen, once).items():
+        edge = built.edges[e]
+        producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
+        meta = producer.outputs[edge.output]
+        src = tuple(int(c) for c in producer.output_specs[chosen[edge.producer], edge.output])
+        dst = tuple(int(c) for c in consumer.input_specs[chosen[edge.consumer], edge.argument])
+        for step in redistribute_steps(built.mesh, meta.shape, meta.itemsize, src, dst):
+            if step.collective != "local":
+                comm_bytes += step.nbytes * edge_weight[e] * times
+                collectives[step.collective] = collectives.get(step.collective, 0) + edge_weight[e] * times
     return {
         "step_time_s": compute + load + comm,
         "compute_s": compute,
@@ -206,6 +216,31 @@ def memory_profile(
         keep = np.array([run[np.argmax(live_bytes[run])] for run in runs if len(run)], dtype=np.int64)
         positions, live_bytes = positions[keep], live_bytes[keep]
     return {"positions": [int(p) for p in positions], "bytes": [int(b) for b in live_bytes]}
+
+
+def _moved_again(built: BuiltProblem, chosen: np.ndarray, once: set[tuple[int, int]]) -> dict[int, int]:
+    """Edges whose redistribution the recomputations of ``chosen`` make once more, as the runtime runs them
+    (:mod:`runtime.recomputation`): every argument of an op made again is moved again, but a value moved
+    once (its copy replacing it) only when it is itself made again, then for its first reader after that.
+    (The program prices these moves only into the recomputed ops themselves, not into their closures.)"""
+    again: set[int] = set()
+    for w, closure in built.recompute_closures.items():
+        if built.nodes[w].recomputed(int(chosen[w])):
+            again.update((w, *closure))
+    if not again:
+        return {}
+    moved: dict[int, int] = {}
+    first_reader: dict[tuple[int, int], int] = {}
+    for e, edge in enumerate(built.edges):
+        value = (edge.producer, edge.output)
+        if value in once:
+            if edge.producer in again:  # made again in its original placement, moved by its next reader
+                first_reader.setdefault(value, e)
+        elif edge.consumer in again:
+            moved[e] = 1
+    for e in first_reader.values():
+        moved[e] = moved.get(e, 0) + 1
+    return moved
 
 
 def _moved_once(built: BuiltProblem, chosen: np.ndarray) -> set[tuple[int, int]]:

@@ -137,6 +137,8 @@ class BuiltProblem:
     recompute_edges: list[tuple[int, int]] = field(default_factory=list)
     """The problem's edges after `edges`: (closure op, recomputed op) pairs pricing the closure's compute,
     and (frontier value, recomputed op) pairs forbidding its absence (:mod:`strategies.problem.recompute`)."""
+    recompute_closures: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Per op that may be recomputed, the ops of its closure (made again with it)."""
 
     def warnings(self) -> list[str]:
         """What the plan cannot do well, a line per cause: ops without a sharding rule (replicated)."""
@@ -311,17 +313,8 @@ def build_problem(
     started = time.perf_counter()
     b = _Builder(mesh, overlap)
     buffers = buffers or {}
-    order = [n for n in gm.graph.nodes if n.op == "call_function"]
-    position = {n: i + 1 for i, n in enumerate(order)}
+    order, position, last_use = _step_positions(gm, gradients)
     end = len(order) + 2
-    handed_on = set(gradients.values())  # the gradient sinks hold these from their production on
-    last_use = {
-        n: max(
-            (position.get(u, end - 1) for u in n.users if u in position or n not in handed_on),
-            default=position.get(n, 0),
-        )
-        for n in gm.graph.nodes
-    }
     index_of: dict[torch.fx.Node, int] = {}
     parameter_nodes: dict[str, int] = {}
     input_nodes: list[int] = []
@@ -347,15 +340,13 @@ def build_problem(
 
     check_policy(recompute)
     paths = _inherit_layer_paths(order, module_path) if module_path else {}
-    always_there = {node for node, (kind, _) in role.items() if kind in ("parameter", "buffer")}
+    always_there = {*parameters.values(), *buffers.values()}
     alive_until = {n: _alive_until(n, last_use) if n in position else last_use[n] for n in gm.graph.nodes}
     kept = placement_kept(order)
     candidates: dict[torch.fx.Node, Candidate] = {}
     if backward_start is not None and paths:
-        sources = {node: _tensor_sources(node) for node, _ in kept}
-        written = {(node, sources[node][k][0]) for node, k in kept if sources[node][k] is not None}
-        candidates = find_candidates(
-            order, position, backward_start, paths, alive_until, always_there, written, recompute
+        candidates = _step_candidates(
+            order, position, backward_start, paths, alive_until, always_there, kept, recompute
         )
 
     strategies_s = time.perf_counter()
@@ -466,6 +457,7 @@ def build_problem(
     built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
     built.overlap = overlap
     built.recompute_edges = extra
+    built.recompute_closures = {w: tuple(index_of[n] for n in c.closure) for w, c in recomputed.items()}
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
     return built
 
@@ -516,10 +508,12 @@ def _add_candidate(b: _Builder, pn: ProblemNode, candidate: Candidate, born: int
 def _price_recomputation(
     b: _Builder, matrices: list[np.ndarray], recomputed: Mapping[int, Candidate]
 ) -> None:
-    """Into a recomputed strategy of an op: its activation arguments' redistributions once more."""
+    """Into a recomputed strategy of an op: its arguments' redistributions once more (a parameter's
+    all-gather too: the runtime, as FSDP resharded after the forward, gathers it again for the
+    recomputation, and the backward then reads what that made)."""
     for edge, matrix in zip(b.edges, matrices, strict=True):
         modes = b.nodes[edge.consumer].modes
-        if edge.consumer in recomputed and modes is not None and edge.kind == "activation":
+        if edge.consumer in recomputed and modes is not None and edge.kind != "gradient":
             matrix[:, modes == RECOMPUTE] *= 2.0
 
 
@@ -568,6 +562,60 @@ def build_step_problem(graph: JointGraph, mesh: Mesh, **options: Any) -> BuiltPr
         backward_start=graph.backward_start,
         **options,
     )
+
+
+def step_candidates(graph: JointGraph, policy: Policy) -> dict[torch.fx.Node, Candidate]:
+    """The recomputation candidates of a captured step under ``policy``, exactly as its problem has them
+    (the runtime makes a plan's recomputed values again with their closures)."""
+    order, position, last_use = _step_positions(graph.gm, graph.gradients)
+    alive_until = {
+        n: _alive_until(n, last_use) if n in position else last_use[n] for n in graph.gm.graph.nodes
+    }
+    return _step_candidates(
+        order,
+        position,
+        graph.backward_start,
+        _inherit_layer_paths(order, graph.module_path),
+        alive_until,
+        {*graph.parameters.values(), *graph.buffers.values()},
+        placement_kept(order),
+        policy,
+    )
+
+
+def _step_positions(
+    gm: torch.fx.GraphModule, gradients: Mapping[str, torch.fx.Node]
+) -> tuple[list[torch.fx.Node], dict[torch.fx.Node, int], dict[torch.fx.Node, int]]:
+    """(op nodes in execution order, their 1-based positions, each node's last reader's position): a
+    gradient handed to its sink counts as read to the step's end."""
+    order = [n for n in gm.graph.nodes if n.op == "call_function"]
+    position = {n: i + 1 for i, n in enumerate(order)}
+    end = len(order) + 2
+    handed_on = set(gradients.values())  # the gradient sinks hold these from their production on
+    last_use = {
+        n: max(
+            (position.get(u, end - 1) for u in n.users if u in position or n not in handed_on),
+            default=position.get(n, 0),
+        )
+        for n in gm.graph.nodes
+    }
+    return order, position, last_use
+
+
+def _step_candidates(
+    order: list[torch.fx.Node],
+    position: Mapping[torch.fx.Node, int],
+    backward_start: int,
+    paths: Mapping[str, str],
+    alive_until: Mapping[torch.fx.Node, int],
+    always_there: set[torch.fx.Node],
+    kept: set[tuple[torch.fx.Node, int]],
+    policy: Policy,
+) -> dict[torch.fx.Node, Candidate]:
+    """`find_candidates` of a step, the ops writing into their arguments read from ``kept``."""
+    sources = {node: _tensor_sources(node) for node, _ in kept}
+    written = {(node, sources[node][k][0]) for node, k in kept if sources[node][k] is not None}
+    return find_candidates(order, position, backward_start, paths, alive_until, always_there, written, policy)
 
 
 def _repeat(

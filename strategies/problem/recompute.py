@@ -35,7 +35,7 @@ value of the layer recomputed is there, of another layer only kept; a value to s
 else only when it is still alive then. An op that writes into an argument (``bernoulli_`` into the
 ``empty_like`` of a dropout mask) is recomputed only with the op that made the argument, never into a kept
 value. A value the backward reads before its layer's backward begins (the layer's output, read by the next
-layer's backward) is never recomputed.
+layer's backward) is never recomputed, nor one the step returns (the loss).
 
 Policies: ``auto`` lets the program choose every candidate's mode; ``none`` has no candidates (the problem
 without recomputation); ``selective`` recomputes every saved value but the outputs of matrix products and
@@ -104,7 +104,7 @@ class _Value:
     saved: bool
     forward_last: int
     recomputable: bool
-    """In a layer, and read by no earlier layer's backward."""
+    """In a layer, read by no earlier layer's backward, and not returned by the step."""
 
 
 def check_policy(policy: Policy) -> None:
@@ -241,7 +241,11 @@ def _forward_values(
         readers = _reader_positions(node, position)
         backward_reads = [p for p in readers if p >= first_backward]
         forward_last = max((p for p in readers if p < first_backward), default=position[node])
-        recomputable = layer is not None and min(backward_reads, default=math.inf) >= rematerialise[layer]
+        recomputable = (
+            layer is not None
+            and min(backward_reads, default=math.inf) >= rematerialise[layer]
+            and all(user.op != "output" for user in node.users)  # the loss: the step returns it
+        )
         values[node] = _Value(layer, bool(backward_reads), forward_last, recomputable)
     return values
 
