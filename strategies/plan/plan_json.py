@@ -140,6 +140,7 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
     collectives: dict[str, float] = {}
     once = _moved_once(built, chosen)
     counted: set[tuple[int, int]] = set()
+    moves: list[tuple[int, int]] = []  # (edge, how many times its redistribution runs)
     for e, edge in enumerate(built.edges):
         seconds = float(problem.edge_matrix(e)[chosen[edge.producer], chosen[edge.consumer]]) * COST_UNIT_S
         if seconds <= 0:
@@ -153,15 +154,9 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
             recompute += seconds / 2  # the redistribution made again
         if edge.kind in ("parameter", "gradient") and built.overlap < 1:
             hidden += seconds * built.overlap / (1 - built.overlap)
-        producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
-        meta = producer.outputs[edge.output]
-        src = tuple(int(c) for c in producer.output_specs[chosen[edge.producer], edge.output])
-        dst = tuple(int(c) for c in consumer.input_specs[chosen[edge.consumer], edge.argument])
-        for step in redistribute_steps(built.mesh, meta.shape, meta.itemsize, src, dst):
-            if step.collective != "local":
-                comm_bytes += step.nbytes * edge_weight[e]
-                collectives[step.collective] = collectives.get(step.collective, 0) + edge_weight[e]
-    for e, times in _moved_again(built, chosen, once).items():
+        moves.append((e, 1))
+    moves += _moved_again(built, chosen, once).items()
+    for e, times in moves:
         edge = built.edges[e]
         producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
         meta = producer.outputs[edge.output]
