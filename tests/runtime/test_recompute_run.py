@@ -37,9 +37,12 @@ def request(model: dict[str, Any], **fields: Any) -> PlanRequest:
 
 
 def run(ranks, plan: dict[str, Any], model: str, path: Path) -> dict[str, Any]:
-    """Two checked steps of ``plan`` on the ranks; rank 0's report (every rank's loss alike)."""
+    """Two checked steps of AdamW (whose state the memory model counts) of ``plan`` on the ranks; rank 0's
+    report (every rank's loss alike)."""
     path.write_text(json.dumps(plan), encoding="utf-8")
-    reports = ranks.run(run_rank, RunOptions(model=model, plan=str(path), steps=2, lr=1e-3, check=True))
+    reports = ranks.run(
+        run_rank, RunOptions(model=model, plan=str(path), steps=2, lr=1e-3, check=True, optimizer="adamw")
+    )
     for rank, report in enumerate(reports):
         assert isinstance(report, dict), f"rank {rank}: {report}"
     assert all(r["loss"] == reports[0]["loss"] for r in reports)
