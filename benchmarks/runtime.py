@@ -2,9 +2,9 @@
 
     python benchmarks/runtime.py [--steps 20] [--nproc 4] [--d 1024] [--h 4096] [--batch 512]
 
-For the ``mlp`` model (float32, one 4-rank gloo group on 127.0.0.1) and each layout, the plan of that
-layout (`autoshard plan --baseline ...`) runs through `runtime.apply_plan`, and the same layout written by
-hand runs as eager PyTorch: Megatron with ``parallelize_module`` (``w1`` column-parallel, ``w2``
+For the ``mlp`` model (float32, one 4-rank gloo group on 127.0.0.1) and each layout, the plan of
+that layout (`autoshard plan --baseline ...`) runs through `runtime.apply.apply_plan`, and the same layout
+written by hand runs as eager PyTorch: Megatron with ``parallelize_module`` (``w1`` column-parallel, ``w2``
 row-parallel), FSDP with ``fully_shard`` (each rank its part of the batch). Each does the same steps of SGD on
 the same weights, their steps taken in turn so both meet the same load; the table gives the median step
 time of each (after one warm-up step), their ratio (hand-written / planned: 0.95 or more is the target), and
@@ -129,8 +129,8 @@ def _alternating(planned: Callable[[], None], hand: Callable[[], None], steps: i
 
 def _planned(plan: dict[str, Any], mesh: Any, args: Any) -> tuple[Callable[[], None], int]:
     """One SGD step of the plan applied by the runtime, and the bytes a first step moved."""
+    from runtime.apply import apply_plan
     from runtime.collectives import CountCollectives
-    from runtime.planned_step import apply_plan
     from strategies.graph.capture import input_tensors
 
     spec = _model(args)

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import fx
 
-from runtime.planned_step import PlanMismatch
+from runtime.plan_checks import PlanMismatch
 from strategies.graph.capture import JointGraph
 from strategies.problem.layer_repeat import LayerRepeat
 

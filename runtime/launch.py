@@ -24,7 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from runtime.planned_step import OpFailed, PlanMismatch, check_plan
+from runtime.plan_checks import PlanMismatch, check_plan
+from runtime.planned_step import OpFailed
 from runtime.worker import CheckFailed, RunOptions, check_world, load_plan, model_mismatch
 
 #: Exit codes of `autoshard run`.

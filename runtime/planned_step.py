@@ -38,32 +38,16 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from runtime import random_ops, recomputation
-from runtime.plan_specs import differs, hold_mask, output_codes, read_placements, tensor_placements
+from runtime.plan_checks import Placements, PlanMismatch, check_plan, check_shapes, node_plans, placements_of
+from runtime.plan_specs import differs, hold_mask
 from runtime.replicated_ops import lacks_rule, run_replicated
 from strategies.graph.capture import JointGraph
 from strategies.placement import Spec, spec_text, to_dtensor
-from strategies.plan.plan_json import PLAN_VERSION
-
-Placements = tuple[Any, ...]
-
-
-class PlanMismatch(ValueError):
-    """The plan does not fit what it is applied to (another model, mesh, version); the message says how."""
 
 
 class OpFailed(RuntimeError):
     """An op of the step failed on the placements the plan gave it; one line naming the op, its module and
     what to do."""
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """The placements a plan chose for one op node: per tensor argument (``None``: the op does not read it,
-    any placement will do) and per output, as codes (``None``: not a tensor). :mod:`runtime.plan_specs` reads
-    them."""
-
-    inputs: tuple[Placements | None, ...]
-    outputs: tuple[Spec | None, ...]
 
 
 @dataclass
@@ -123,74 +107,6 @@ def _storages(value: Any) -> list[tuple[int, int]]:
     return found
 
 
-def check_plan(plan: Mapping[str, Any], mesh_shape: Sequence[int] | None = None) -> None:
-    """Refuse a plan this runtime cannot apply: an unknown version, another mesh shape than ``mesh_shape``."""
-    version = plan.get("version")
-    if version != PLAN_VERSION:
-        raise PlanMismatch(f"plan: version {version!r} is not one this runtime knows ({PLAN_VERSION})")
-    planned = tuple(plan.get("mesh", {}).get("shape", ()))
-    if mesh_shape is not None and planned != tuple(mesh_shape):
-        raise PlanMismatch(f"mesh: the plan is for a mesh of shape {list(planned)}, not {list(mesh_shape)}")
-
-
-def _placements(texts: Sequence[str] | None, where: str) -> Placements | None:
-    """The DTensor placements of a parameter or input; a text no tensor can be placed in is the plan's
-    fault, said as such (not as another model's)."""
-    try:
-        return None if texts is None else tensor_placements(texts)
-    except ValueError as error:
-        raise PlanMismatch(f"plan: {where}: {error}; plan again with this version") from None
-
-
-OTHER_MODEL = "model: the plan was made for another model"
-
-
-def node_plans(plan: Mapping[str, Any], graph: JointGraph) -> dict[str, NodePlan]:
-    """The plan's placements per op node of ``graph``; refuses a plan made for another model (an op node
-    the plan does not name or names with another op, another parameter set)."""
-    by_name = {entry["name"]: entry for entry in plan.get("nodes", [])}
-    parameters = set(plan.get("parameters", {}))
-    missing = sorted(set(graph.parameters) - parameters)
-    extra = sorted(parameters - set(graph.parameters) - {n for names in graph.tied.values() for n in names})
-    problems = [f"parameters it does not place: {', '.join(missing[:5])}"] if missing else []
-    problems += [f"parameters the model does not have: {', '.join(extra[:5])}"] if extra else []
-    if problems:
-        raise PlanMismatch(f"{OTHER_MODEL}: {'; '.join(problems)}")
-    plans = {}
-    for node in graph.order:
-        if node.target is operator.getitem:  # folded into its producer: consumers read output k
-            continue
-        entry = by_name.get(node.name)
-        if entry is None:
-            raise PlanMismatch(f"{OTHER_MODEL}: it has no op node {node.name!r}")
-        if entry["op"] != str(node.target):
-            raise PlanMismatch(
-                f"{OTHER_MODEL}: node {node.name!r} is {entry['op']} in the plan, {node.target} here"
-            )
-        try:
-            plans[node.name] = NodePlan(
-                tuple(read_placements(spec) for spec in entry["inputs"]),
-                tuple(output_codes(spec) for spec in entry["output"]),
-            )
-        except ValueError as error:
-            raise PlanMismatch(f"plan: node {node.name} ({entry['op']}): {error}; plan again") from None
-    if len(by_name) != len(plans):
-        unknown = sorted(set(by_name) - set(plans))
-        raise PlanMismatch(f"{OTHER_MODEL}: ops {', '.join(unknown[:5])} are not in it")
-    return plans
-
-
-def check_shapes(plan: Mapping[str, Any], graph: JointGraph) -> None:
-    """Refuse a plan whose placements cannot hold the graph's tensors (a shard of a dim the tensor lacks)."""
-    for name, node in graph.parameters.items():
-        ndim = node.meta["val"].ndim
-        for placement in _placements(plan["parameters"][name], f"parameter {name}") or ():
-            if placement.is_shard() and placement.dim >= ndim:
-                raise PlanMismatch(
-                    f"model: parameter {name} has {ndim} dims; the plan shards dim {placement.dim}"
-                )
-
-
 def redistribute(value: DTensor, placements: Placements) -> DTensor:
     """``value`` in ``placements``, by DTensor's own steps. A move into ``Partial`` (the public API refuses
     it: "internal use only") takes DTensor's internal local redistribution, which is what its own ops do."""
@@ -224,12 +140,12 @@ class PlannedStep:
         self.graph = graph
         self.mesh = mesh
         self.parameter_placements = {
-            name: _placements(spec, f"parameter {name}")
+            name: placements_of(spec, f"parameter {name}")
             for name, spec in plan["parameters"].items()
             if name in graph.parameters
         }
         self.input_placements = [
-            _placements(spec, f"input {k}") for k, spec in enumerate(plan.get("inputs", []))
+            placements_of(spec, f"input {k}") for k, spec in enumerate(plan.get("inputs", []))
         ]
         try:
             self.entries, self.drops = recomputation.schedule(graph, plan)
@@ -487,63 +403,3 @@ def _local_part(full: torch.Tensor, mesh: DeviceMesh, placements: Placements) ->
     """The DTensor of a tensor every rank holds whole and alike: each rank keeps its own part, no data moves
     (``src_data_rank=None``)."""
     return distribute_tensor(full, mesh, placements, src_data_rank=None)
-
-
-@dataclass
-class AppliedPlan:
-    """A module with a plan applied: its parameters as DTensors in their planned placements, and the step.
-
-    ``forward_backward(inputs)`` runs one planned step on the inputs (global tensors every rank holds alike;
-    each rank keeps its part), leaves each gradient in ``parameters[name].grad``, ready for any torch
-    optimizer built over ``parameters.values()``, and returns the loss, gradients and deviations. Random ops
-    (dropout) draw from torch's default generator, which must be in the same state on every rank (seed them
-    alike, e.g. ``runtime.random_ops.seed_step``): each rank keeps its piece of the same whole draw.
-    """
-
-    step: PlannedStep
-    parameters: dict[str, torch.nn.Parameter]
-    buffers: dict[str, torch.Tensor]
-
-    def forward_backward(self, inputs: Sequence[torch.Tensor]) -> StepResult:
-        placed = self.step.distribute_inputs(inputs)
-        result = self.step(self.parameters, self.buffers, placed)
-        for name, parameter in self.parameters.items():
-            parameter.grad = result.gradients.get(name)
-        return result
-
-
-def apply_plan(
-    module: torch.nn.Module,
-    plan: Mapping[str, Any],
-    mesh: DeviceMesh,
-    example_inputs: Any,
-    loss_fn: Any = None,
-    short_graph: JointGraph | None = None,
-) -> AppliedPlan:
-    """Apply ``plan`` to ``module`` on ``mesh``: capture its training step on ``example_inputs`` as the
-    planner did (``loss_fn`` as for planning), refuse a plan made for another model or mesh
-    (:class:`PlanMismatch`), and make every parameter of the module a DTensor in its planned placements
-    (tied names share one), so the module's state dict is the sharded one. A plan made from a short capture
-    of a deep model needs that capture (``short_graph``): every layer then runs as the layer standing for it
-    (:mod:`runtime.full_depth`)."""
-    from runtime.device_attention import register_for
-    from strategies.graph.passes import capture_for_planning
-    from strategies.ops.dtensor_bridge import register_with_dtensor
-
-    register_with_dtensor()
-    register_for(mesh.device_type)  # the CPU capture's attention kernels, on the mesh's device
-    check_plan(plan, tuple(mesh.shape))
-    graph = capture_for_planning(module, example_inputs, loss_fn)
-    if "layers" in plan:
-        if short_graph is None:
-            raise PlanMismatch(f"plan: made from a short capture (layers {plan['layers']}); pass short_graph")
-        from runtime.full_depth import expand_plan
-
-        plan = expand_plan(plan, short_graph, graph)
-    step = PlannedStep(graph, plan, mesh)
-    parameters = step.distribute_parameters(dict(module.named_parameters()))
-    for name, parameter in parameters.items():
-        for alias in (name, *graph.tied.get(name, ())):
-            owner, _, leaf = alias.rpartition(".")
-            setattr(module.get_submodule(owner), leaf, parameter)
-    return AppliedPlan(step, parameters, dict(module.named_buffers()))

@@ -30,8 +30,10 @@ import torch
 import torch.distributed as dist
 
 from runtime import checkpoint, random_ops
+from runtime.apply import apply_plan
 from runtime.collectives import COLLECTIVE_NAMES, CountCollectives
-from runtime.planned_step import LiveBytes, PlanMismatch, apply_plan, check_plan
+from runtime.plan_checks import PlanMismatch, check_plan
+from runtime.planned_step import LiveBytes
 
 #: (rtol, atol) of a sharded result against one process, by dtype: sums in another order round apart.
 TOLERANCE = {

@@ -337,7 +337,7 @@ def run_command(
     mesh, version or world size).
     """
     from runtime.launch import RunFailed, run
-    from runtime.planned_step import PlanMismatch
+    from runtime.plan_checks import PlanMismatch
     from runtime.report import report_text
     from runtime.worker import RunOptions
 

@@ -30,7 +30,9 @@ def summary(plan: dict[str, Any]) -> str:
 def _header(plan: dict[str, Any]) -> str:
     mesh = plan["mesh"]
     axes = " x ".join(f"{n}={s}" for n, s in zip(mesh["axis_names"], mesh["shape"], strict=True))
-    model = plan.get("request", {}).get("model", "?")
+    request = plan.get("request", {})
+    graph = request.get("graph") or {}  # a launcher's graph: its label (the module's class by default)
+    model = request.get("model") or (f"the graph {graph['model']!r}" if graph.get("model") else "a graph")
     return f"plan for {model} on {axes} ({mesh.get('hardware', '?')})"
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from strategies.graph.passes import _call
+from strategies.graph.rewrite import new_call
 from strategies.ops.grouped_mm_ops import GROUPED_MM
 
 aten = torch.ops.aten
@@ -163,7 +163,7 @@ def explicit_expert_groups(gm: fx.GraphModule) -> int:
             continue
         if offs not in starts:  # made before the first product reading these offsets
             with graph.inserting_before(node):
-                starts[offs] = _call(graph, aten.constant_pad_nd.default, (offs, [1, -1]), like=node)
+                starts[offs] = new_call(graph, aten.constant_pad_nd.default, (offs, [1, -1]), like=node)
         _replace(graph, node, GROUPED_MM, (a, b, offs, starts[offs]))
         rewritten += 1
     graph.lint()
@@ -181,6 +181,6 @@ def _grouped_mm_args(node: fx.Node) -> tuple[Any, ...]:
 def _replace(graph: fx.Graph, node: fx.Node, target: Any, args: tuple) -> None:
     """Put ``target(*args)`` in place of ``node``, with its fake value and where ``node`` came from."""
     with graph.inserting_before(node):
-        new = _call(graph, target, args, like=node)
+        new = new_call(graph, target, args, like=node)
     node.replace_all_uses_with(new)
     graph.erase_node(node)

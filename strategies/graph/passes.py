@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.fx import Graph, GraphModule, Node
 
+from strategies.graph.rewrite import new_call
 from strategies.ops.einsum_ops import EINSUM
 
 if TYPE_CHECKING:
@@ -62,16 +63,6 @@ LEAD_LETTERS = "bshgij"
 """Letters of the leading dims in the equations: batch, sequence, then any further dims."""
 MERGING_VIEW = "autoshard_merging_view"
 """Meta tag of the views the pass adds to merge trailing dims, until duplicates are merged (then removed)."""
-PROVENANCE_KEYS = (
-    "stack_trace",
-    "nn_module_stack",
-    "source_fn_stack",
-    "torch_fn",
-    "seq_nr",
-    "autograd_backward",
-    "partitioner_tag",
-)
-"""Node meta copied from a replaced matmul to its einsum (where the node came from)."""
 
 
 def capture_for_planning(module: torch.nn.Module, inputs: Any, loss_fn: Any = None) -> JointGraph:
@@ -135,7 +126,7 @@ def exact_mean_losses(gm: GraphModule) -> int:
             continue  # an output read other than through getitem: leave it
         with graph.inserting_after(node):
             args = (*node.args[:3], NLL_SUM, *node.args[4:])
-            summed = _call(graph, aten.nll_loss_forward.default, args, like=node)
+            summed = new_call(graph, aten.nll_loss_forward.default, args, like=node)
         with graph.inserting_after(summed):
             total = graph.call_function(_getitem, (summed, 1))
             total.meta["val"] = summed.meta["val"][1]
@@ -143,7 +134,7 @@ def exact_mean_losses(gm: GraphModule) -> int:
             loss_sum = graph.call_function(_getitem, (summed, 0))
             loss_sum.meta["val"] = summed.meta["val"][0]
         with graph.inserting_after(loss_sum):
-            mean = _call(graph, aten.div.Tensor, (loss_sum, total), like=node)
+            mean = new_call(graph, aten.div.Tensor, (loss_sum, total), like=node)
         if 0 in outputs:
             outputs[0].replace_all_uses_with(mean)
             graph.erase_node(outputs[0])
@@ -217,7 +208,7 @@ def _unflattened(graph: Graph, flat: Flattened, like: Node) -> Node:
     target = [*flat.lead, flat.width]
     if _shape(flat.source) == tuple(target):
         return flat.source
-    view = _call(graph, aten.view.default, (flat.source, target), like=like)
+    view = new_call(graph, aten.view.default, (flat.source, target), like=like)
     view.meta[MERGING_VIEW] = True
     return view
 
@@ -290,9 +281,9 @@ def _rewrite_activation_matmul(graph: Graph, matmul: Node) -> bool:
     lead = LEAD_LETTERS[: len(flat.lead)]
     with graph.inserting_before(matmul):
         source = _unflattened(graph, flat, like=matmul)
-        out = _call(graph, EINSUM, (f"{lead}k,kn->{lead}n", source, rhs), like=matmul)
+        out = new_call(graph, EINSUM, (f"{lead}k,kn->{lead}n", source, rhs), like=matmul)
         if bias is not None:
-            out = _call(graph, aten.add.Tensor, (out, bias), like=matmul)
+            out = new_call(graph, aten.add.Tensor, (out, bias), like=matmul)
     for user in users:
         _replace(graph, user, out)
     graph.erase_node(matmul)
@@ -312,7 +303,7 @@ def _rewrite_weight_grad(graph: Graph, matmul: Node) -> bool:
     lead = LEAD_LETTERS[: len(left.lead)]
     with graph.inserting_before(matmul):
         sources = _unflattened(graph, left, like=matmul), _unflattened(graph, right, like=matmul)
-        out = _call(graph, EINSUM, (f"{lead}k,{lead}n->kn", *sources), like=matmul)
+        out = new_call(graph, EINSUM, (f"{lead}k,{lead}n->kn", *sources), like=matmul)
     matmul.replace_all_uses_with(out)
     graph.erase_node(matmul)
     _erase_if_dead(graph, lhs)
@@ -330,7 +321,7 @@ def _rewrite_bias_grad(graph: Graph, total: Node) -> bool:
         return False
     with graph.inserting_before(total):
         grad = _unflattened(graph, flat, like=total)
-        out = _call(graph, aten.sum.dim_IntList, (grad, list(range(len(flat.lead)))), like=total)
+        out = new_call(graph, aten.sum.dim_IntList, (grad, list(range(len(flat.lead)))), like=total)
     if keepdim:
         for user in list(total.users):
             if _is_call(user, VIEWS) and _shape(user) == _shape(out):
@@ -345,7 +336,7 @@ def _replace(graph: Graph, old: Node, new: Node) -> None:
     """Point every user of ``old`` at ``new`` (viewed to ``old``'s shape where it differs); erase ``old``."""
     if old.users and _shape(old) != _shape(new):
         with graph.inserting_before(old):
-            new = _call(graph, aten.view.default, (new, list(_shape(old) or ())), like=old)
+            new = new_call(graph, aten.view.default, (new, list(_shape(old) or ())), like=old)
     old.replace_all_uses_with(new)
     graph.erase_node(old)
 
@@ -358,29 +349,3 @@ def _erase_if_dead(graph: Graph, node: Any) -> None:
     graph.erase_node(node)
     for arg in inputs:
         _erase_if_dead(graph, arg)
-
-
-def _call(graph: Graph, target: Any, args: tuple, like: Node) -> Node:
-    """A new ``call_function`` node with ``meta["val"]`` (from fake execution) and ``like``'s provenance."""
-    from torch.fx.passes.shape_prop import _extract_tensor_metadata
-
-    node = graph.create_node("call_function", target, args, name=target.overloadpacket.__name__)
-    node.meta["val"] = _fake_run(target, args)
-    if isinstance(node.meta["val"], torch.Tensor):
-        node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
-    for key in PROVENANCE_KEYS:
-        if key in like.meta:
-            node.meta[key] = like.meta[key]
-    return node
-
-
-def _fake_run(target: Any, args: tuple) -> torch.Tensor:
-    """``target(*args)`` on the fake values of the argument nodes, in their fake mode."""
-    from torch._guards import detect_fake_mode
-
-    values = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
-    mode = detect_fake_mode(torch.utils._pytree.tree_leaves(values))
-    if mode is None:
-        raise ValueError(f"graph_passes: the arguments of {target} carry no fake tensor values")
-    with mode, torch.no_grad():
-        return target(*values)

@@ -30,8 +30,8 @@ import pytest
 import torch
 
 from runtime.launch import ERROR_MARK, _ExpectedFailures
+from runtime.plan_checks import PlanMismatch, check_shapes, node_plans
 from runtime.plan_specs import differs, read_placements
-from runtime.planned_step import PlanMismatch, check_shapes, node_plans
 from runtime.worker import RunOptions, run_rank
 from strategies.graph.capture import JointGraph
 from strategies.placement import NONE, R, parse_spec

@@ -8,7 +8,7 @@ import operator
 import pytest
 
 from runtime.full_depth import expand_plan
-from runtime.planned_step import PlanMismatch, node_plans
+from runtime.plan_checks import PlanMismatch, node_plans
 from strategies.plan.planner import PlanRequest, capture_request, plan_model
 from tests.runtime.test_planned_step import LLAMA
 

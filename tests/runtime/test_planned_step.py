@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime.launch import check_before_start
-from runtime.planned_step import PlanMismatch, check_plan
+from runtime.plan_checks import PlanMismatch, check_plan
 from runtime.worker import RunOptions, run_rank
 from strategies.plan.planner import PlanRequest, plan_model
 from tests.gloo_ranks import RankError

@@ -18,7 +18,8 @@ from torch.utils._pytree import tree_leaves
 
 from strategies.cost.mesh import make_mesh
 from strategies.graph.capture import capture_joint, op_calls
-from strategies.graph.passes import PROVENANCE_KEYS, exact_mean_losses, expose_sequence_dims
+from strategies.graph.passes import exact_mean_losses, expose_sequence_dims
+from strategies.graph.rewrite import PROVENANCE_KEYS
 from strategies.models.llama import LlamaConfig, TransformerBlock, rope_tables
 from strategies.ops.einsum_ops import EINSUM, einsum, einsum_flops, parse_equation
 from strategies.ops.generate import op_strategies

@@ -1,0 +1,36 @@
+"""autoshard as a library: plan a PyTorch module (or a graph a launcher exported) on a device mesh, apply the
+plan, and train in your own loop.
+
+    import autoshard
+
+    plan = autoshard.plan(model, example_inputs, mesh, memory_gib=80)   # every rank gets rank 0's plan
+    step = autoshard.apply(model, plan, mesh, example_inputs)            # parameters become DTensors
+    optimizer = torch.optim.AdamW(model.parameters())
+    loss = step(batch).loss; optimizer.step()
+
+The four packages behind it stay where they are (``strategies``: capture, op rules, cost model, problem,
+plan; ``solver``; ``runtime``; ``service``); this package is the part a launcher imports.
+``docs/python-api.md`` has a runnable example.
+"""
+
+from __future__ import annotations
+
+from autoshard.api import Plan, apply, export_graph, load_plan, plan
+from runtime.apply import AppliedPlan
+from runtime.plan_checks import PlanMismatch
+from service.client import AutoshardClient as Client
+from service.client import ServiceError
+from solver.errors import InfeasibleError
+
+__all__ = [
+    "AppliedPlan",
+    "Client",
+    "InfeasibleError",
+    "Plan",
+    "PlanMismatch",
+    "ServiceError",
+    "apply",
+    "export_graph",
+    "load_plan",
+    "plan",
+]

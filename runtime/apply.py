@@ -1,0 +1,83 @@
+"""A plan applied to a module: its parameters made DTensors in their planned placements, and its step.
+
+:func:`apply_plan` captures the module's training step as the planner did, refuses a plan made for another
+model or mesh, makes every parameter a DTensor in its planned placements (so the module's state dict is the
+sharded one) and returns an :class:`AppliedPlan` whose ``forward_backward`` runs one planned step
+(:class:`runtime.planned_step.PlannedStep`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from runtime.full_depth import expand_plan
+from runtime.plan_checks import PlanMismatch, check_plan
+from runtime.planned_step import PlannedStep, StepResult
+from strategies.graph.capture import JointGraph
+
+
+@dataclass
+class AppliedPlan:
+    """A module with a plan applied: its parameters as DTensors in their planned placements, and the step.
+
+    ``forward_backward(inputs)`` runs one planned step on the inputs (global tensors every rank holds alike;
+    each rank keeps its part), leaves each gradient in ``parameters[name].grad``, ready for any torch
+    optimizer built over ``parameters.values()``, and returns the loss, gradients and deviations. Random ops
+    (dropout) draw from torch's default generator, which must be in the same state on every rank (seed them
+    alike, e.g. ``runtime.random_ops.seed_step``): each rank keeps its piece of the same whole draw.
+    """
+
+    step: PlannedStep
+    parameters: dict[str, torch.nn.Parameter]
+    buffers: dict[str, torch.Tensor]
+
+    def forward_backward(self, inputs: Sequence[torch.Tensor]) -> StepResult:
+        placed = self.step.distribute_inputs(inputs)
+        result = self.step(self.parameters, self.buffers, placed)
+        for name, parameter in self.parameters.items():
+            parameter.grad = result.gradients.get(name)
+        return result
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> StepResult:
+        """`forward_backward`: one planned step, the gradients left in ``.grad``."""
+        return self.forward_backward(inputs)
+
+
+def apply_plan(
+    module: torch.nn.Module,
+    plan: Mapping[str, Any],
+    mesh: DeviceMesh,
+    example_inputs: Any,
+    loss_fn: Any = None,
+    short_graph: JointGraph | None = None,
+) -> AppliedPlan:
+    """Apply ``plan`` to ``module`` on ``mesh``: capture its training step on ``example_inputs`` as the
+    planner did (``loss_fn`` as for planning), refuse a plan made for another model or mesh
+    (:class:`PlanMismatch`), and make every parameter of the module a DTensor in its planned placements
+    (tied names share one), so the module's state dict is the sharded one. A plan made from a short capture
+    of a deep model needs that capture (``short_graph``): every layer then runs as the layer standing for it
+    (:mod:`runtime.full_depth`)."""
+    from runtime.device_attention import register_for
+    from strategies.graph.passes import capture_for_planning
+    from strategies.ops.dtensor_bridge import register_with_dtensor
+
+    register_with_dtensor()
+    register_for(mesh.device_type)  # the CPU capture's attention kernels, on the mesh's device
+    check_plan(plan, tuple(mesh.shape))
+    graph = capture_for_planning(module, example_inputs, loss_fn)
+    if "layers" in plan:
+        if short_graph is None:
+            raise PlanMismatch(f"plan: made from a short capture (layers {plan['layers']}); pass short_graph")
+        plan = expand_plan(plan, short_graph, graph)
+    step = PlannedStep(graph, plan, mesh)
+    parameters = step.distribute_parameters(dict(module.named_parameters()))
+    for name, parameter in parameters.items():
+        for alias in (name, *graph.tied.get(name, ())):
+            owner, _, leaf = alias.rpartition(".")
+            setattr(module.get_submodule(owner), leaf, parameter)
+    return AppliedPlan(step, parameters, dict(module.named_buffers()))
