@@ -61,6 +61,17 @@ class Plan:
         """The ops whose outputs the backward makes again."""
         return list(self.document.get("recompute", []))
 
+    def input_slices(self, rank: int, example_inputs: Any) -> list[tuple[slice, ...]]:
+        """Per input tensor of the step (the tensors of ``example_inputs``, global shapes, in order), the part
+        rank ``rank`` loads: ``global_input[slices]`` (ranks laid out on the mesh in row-major order, as
+        ``init_device_mesh`` lays them out). A data loader gives each rank that part; the applied step takes
+        it with ``local=True``."""
+        from runtime.local_inputs import input_slices, mesh_coordinate
+        from strategies.graph.capture import input_tensors
+
+        shapes = [tuple(tensor.shape) for tensor in input_tensors(example_inputs)]
+        return input_slices(self.document, shapes, mesh_coordinate(rank, self.mesh_shape))
+
     def summary(self) -> str:
         """What `autoshard plan` prints: placements by layer, step time, memory against the budget."""
         from service.plan_view import summary

@@ -8,7 +8,7 @@ sharded one) and returns an :class:`AppliedPlan` whose ``forward_backward`` runs
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,34 +18,44 @@ from torch.distributed.device_mesh import DeviceMesh
 from runtime.full_depth import expand_plan
 from runtime.plan_checks import PlanMismatch, check_plan
 from runtime.planned_step import PlannedStep, StepResult
-from strategies.graph.capture import JointGraph
+from strategies.graph.capture import JointGraph, input_tensors
 
 
 @dataclass
 class AppliedPlan:
     """A module with a plan applied: its parameters as DTensors in their planned placements, and the step.
 
-    ``forward_backward(inputs)`` runs one planned step on the inputs (global tensors every rank holds alike;
-    each rank keeps its part), leaves each gradient in ``parameters[name].grad``, ready for any torch
-    optimizer built over ``parameters.values()``, and returns the loss, gradients and deviations. Random ops
-    (dropout) draw from torch's default generator, which must be in the same state on every rank (seed them
-    alike, e.g. ``runtime.random_ops.seed_step``): each rank keeps its piece of the same whole draw.
+    ``forward_backward(inputs)`` runs one planned step on the inputs (global tensors every rank holds
+    alike, each rank keeping its part; or, ``local=True``, each rank's own part), leaves each gradient in
+    ``parameters[name].grad``, ready for any torch optimizer built over ``parameters.values()``, and returns
+    the loss, gradients and deviations. Random ops (dropout) draw from torch's default generator, which must
+    be in the same state on every rank (seed them alike, e.g. ``runtime.random_ops.seed_step``): each rank
+    keeps its piece of the same whole draw.
     """
 
     step: PlannedStep
     parameters: dict[str, torch.nn.Parameter]
     buffers: dict[str, torch.Tensor]
 
-    def forward_backward(self, inputs: Sequence[torch.Tensor]) -> StepResult:
-        placed = self.step.distribute_inputs(inputs)
+    def forward_backward(self, inputs: Any, local: bool = False) -> StepResult:
+        """One planned step on ``inputs`` (structured as the example inputs: a tuple, a dict of keyword
+        arguments or a tensor): global tensors every rank holds alike, or, with ``local``, this rank's parts
+        of them as a data loader gives them (:meth:`input_slices` says which)."""
+        tensors = input_tensors(inputs)
+        placed = self.step.assemble_inputs(tensors) if local else self.step.distribute_inputs(tensors)
         result = self.step(self.parameters, self.buffers, placed)
         for name, parameter in self.parameters.items():
             parameter.grad = result.gradients.get(name)
         return result
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> StepResult:
+    def __call__(self, inputs: Any, local: bool = False) -> StepResult:
         """`forward_backward`: one planned step, the gradients left in ``.grad``."""
-        return self.forward_backward(inputs)
+        return self.forward_backward(inputs, local)
+
+    def input_slices(self) -> list[tuple[slice, ...]]:
+        """Per input tensor (in the example inputs' order), the part of the global batch this rank loads:
+        ``global_input[slices]``."""
+        return self.step.input_slices()
 
 
 def apply_plan(

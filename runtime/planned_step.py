@@ -38,6 +38,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from runtime import random_ops, recomputation
+from runtime.local_inputs import part_of
 from runtime.plan_checks import Placements, PlanMismatch, check_plan, check_shapes, node_plans, placements_of
 from runtime.plan_specs import differs, hold_mask
 from runtime.replicated_ops import lacks_rule, run_replicated
@@ -205,6 +206,45 @@ class PlannedStep:
             _local_part(x, self.mesh, placements)
             for x, placements in zip(inputs, self.input_placements, strict=True)
         ]
+
+    def input_slices(self) -> list[tuple[slice, ...]]:
+        """This rank's part of each input of the step: ``global_input[slices]`` is what it loads
+        (:mod:`runtime.local_inputs`)."""
+        coordinate = self.mesh.get_coordinate()
+        assert coordinate is not None, "this rank is not on the plan's mesh"
+        return [
+            part_of(node.meta["val"].shape, tuple(self.mesh.shape), coordinate, placements, f"input {k}")
+            for k, (node, placements) in enumerate(zip(self.graph.inputs, self.input_placements, strict=True))
+        ]
+
+    def assemble_inputs(self, parts: Sequence[torch.Tensor]) -> list[DTensor]:
+        """The step's inputs from this rank's parts of them (each ``global_input[input_slices()[k]]``, as a
+        data loader gives it): no data moves."""
+        if len(parts) != len(self.graph.inputs):
+            raise ValueError(f"inputs: the step takes {len(self.graph.inputs)} tensors, got {len(parts)}")
+        assembled = []
+        for k, (part, node, placements, slices) in enumerate(
+            zip(parts, self.graph.inputs, self.input_placements, self.input_slices(), strict=True)
+        ):
+            whole = node.meta["val"]
+            expected = [piece.stop - piece.start for piece in slices]
+            if list(part.shape) != expected:
+                rows = ", ".join(f"{piece.start}:{piece.stop}" for piece in slices)
+                raise ValueError(
+                    f"input {k}: this rank's part has shape {list(part.shape)}; the plan gives it [{rows}] "
+                    f"of the {list(whole.shape)} input, shape {expected} (`input_slices()` says which)"
+                )
+            assembled.append(
+                DTensor.from_local(
+                    part.to(self.mesh.device_type).contiguous(),
+                    self.mesh,
+                    placements,
+                    run_check=False,
+                    shape=whole.shape,
+                    stride=whole.stride(),
+                )
+            )
+        return assembled
 
     def replicate(self, tensor: torch.Tensor) -> DTensor:
         """A tensor every rank holds whole and alike, as a replicated DTensor on the mesh's device (no data

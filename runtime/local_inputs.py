@@ -1,0 +1,69 @@
+"""Which part of each input a rank loads under a plan, and a rank's parts made the step's DTensors.
+
+A data loader gives each rank its own part of the batch; the plan's input placements say which: under
+``[S(0), R]`` on a (dp=2, tp=2) mesh, ranks 0 and 1 (dp coordinate 0) load the first half of the batch
+rows, ranks 2 and 3 the second. :func:`input_slices` gives, per input, the index (one slice per dim) of this
+rank's part of the global tensor, exactly as DTensor cuts a tensor (its own
+``_compute_local_shape_and_global_offset``: ``torch.chunk``'s sizes, the last pieces smaller or empty), so
+``global_input[slices]`` is what the rank holds when the step is given global inputs. Ranks are laid out on
+the mesh in row-major order, as ``init_device_mesh`` lays them out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+from runtime.plan_checks import Placements, PlanMismatch, placements_of
+
+
+def mesh_coordinate(rank: int, mesh_shape: Sequence[int]) -> list[int]:
+    """The coordinate of ``rank`` on a mesh of ``mesh_shape`` laid out in row-major order."""
+    if not 0 <= rank < math.prod(mesh_shape):
+        raise ValueError(f"rank: {rank} is not on a mesh of {math.prod(mesh_shape)} devices")
+    coordinate = []
+    for size in reversed(mesh_shape):
+        rank, index = divmod(rank, size)
+        coordinate.append(index)
+    return coordinate[::-1]
+
+
+def part_of(
+    shape: Sequence[int],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
+    placements: Placements,
+    where: str,
+) -> tuple[slice, ...]:
+    """The slices of a ``shape`` tensor that the device at ``coordinate`` holds in ``placements``."""
+    if any(p.is_partial() for p in placements):
+        raise PlanMismatch(
+            f"{where} is planned as a partial sum: no rank loads a part of it; pass global inputs"
+        )
+    local, offset = _compute_local_shape_and_global_offset(
+        tuple(shape), tuple(mesh_shape), list(coordinate), placements
+    )
+    return tuple(slice(start, start + size) for start, size in zip(offset, local, strict=True))
+
+
+def input_slices(
+    plan: Mapping[str, Any], shapes: Sequence[Sequence[int]], coordinate: Sequence[int]
+) -> list[tuple[slice, ...]]:
+    """Per input of the step (global ``shapes``, in the step's input order), the part the device at
+    ``coordinate`` loads under ``plan``."""
+    planned = plan.get("inputs", [])
+    if len(planned) != len(shapes):
+        raise PlanMismatch(f"model: the plan places {len(planned)} inputs, the step takes {len(shapes)}")
+    mesh_shape = tuple(plan["mesh"]["shape"])
+    slices = []
+    for k, (shape, texts) in enumerate(zip(shapes, planned, strict=True)):
+        placements = placements_of(texts, f"input {k}")
+        assert placements is not None
+        slices.append(part_of(shape, mesh_shape, coordinate, placements, f"input {k}"))
+    return slices
+
+
+__all__ = ["input_slices", "mesh_coordinate", "part_of"]
