@@ -74,6 +74,7 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint docker/service.Dockerfile docker/worker.Dockerfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache results-*.json

@@ -13,10 +13,13 @@ ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
     AUTOSHARD_DATABASE_URL=sqlite:////data/autoshard.db
 RUN python -m venv "$VIRTUAL_ENV"
 
-# torch first, pinned and CPU-only (the default Linux wheel is the CUDA build), then the project.
+# torch first, pinned and CPU-only (the default Linux wheel is the CUDA build), then the project: a layer of
+# its own, so a change to the project does not download torch again.
+# hadolint ignore=DL3059
 RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY autoshard autoshard
 COPY solver solver
 COPY strategies strategies
 COPY runtime runtime
@@ -24,7 +27,7 @@ COPY service service
 RUN pip install . \
     && useradd --create-home --uid 1000 autoshard \
     && mkdir /data && chown autoshard /data
-USER autoshard
+USER 1000
 # The solver's and the cost model's numba kernels compiled into the image, in the service user's numba cache
 # (~/.cache/numba: numba skips a cache directory it cannot write, such as the installed package's): otherwise
 # every job process of a fresh container compiles them first, tens of seconds. From / so that the installed

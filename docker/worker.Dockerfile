@@ -12,6 +12,9 @@ FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
     VIRTUAL_ENV=/opt/autoshard PATH=/opt/autoshard/bin:$PATH
+# The Python the CUDA base image's Ubuntu ships, whatever its patch release (pinning an apt version breaks the
+# build at the distribution's next security update).
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
@@ -21,13 +24,14 @@ RUN apt-get update \
 RUN pip install "torch==2.13.0"
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY autoshard autoshard
 COPY solver solver
 COPY strategies strategies
 COPY runtime runtime
 COPY service service
 RUN pip install . \
     && useradd --create-home --uid 1000 autoshard
-USER autoshard
+USER 1000
 
 ENTRYPOINT ["torchrun", "--standalone"]
 CMD ["--nproc-per-node", "1", "-m", "service.cli", "--help"]
