@@ -22,8 +22,15 @@ READY_TIMEOUT_S = 120.0
 
 class ServerProcess:
     def __init__(
-        self, database_url: str, log: Path, options: tuple[str, ...] = (), **settings: object
+        self,
+        database_url: str,
+        log: Path,
+        options: tuple[str, ...] = (),
+        command: Path = AUTOSHARD,
+        **settings: object,
     ) -> None:
+        self.command = command
+        """The ``autoshard`` executable (another install's, for the packaging test)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -47,7 +54,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(AUTOSHARD), "serve"],
+                [str(self.command), "serve"],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
