@@ -11,7 +11,7 @@ A tensor's placement on an N-D mesh is a tuple of N codes (a *spec*), one per me
               the strategy does not read (any placement will do); written ``*``
 
 Integers keep whole strategy lists in numpy arrays (``[strategy, tensor, axis]``) so costs and
-filters are computed vectorised. Text follows DESIGN.md (``["S(0)", "R"]``).
+filters are computed vectorised. Text follows docs/plan-format.md (``["S(0)", "R"]``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,12 +24,20 @@ from tests.service.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_MLP = {"d": 64, "h": 128}
+SOURCES = ("pyproject.toml", "README.md", "autoshard", "service", "solver", "strategies", "runtime")
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bin folder of a fresh venv with the built wheel installed."""
     where = tmp_path_factory.mktemp("packaging")
+    sources = where / "src"  # what the Dockerfiles copy: the build leaves nothing in the repository
+    sources.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, sources / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, sources / name)
     built = subprocess.run(
         [
             sys.executable,
@@ -38,7 +47,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-isolation",
             "--outdir",
             str(where / "dist"),
-            str(ROOT),
+            str(sources),
         ],
         capture_output=True,
         text=True,

@@ -120,5 +120,5 @@ def test_a_plan_of_a_short_captures_document_applies_to_the_whole_stack(ranks) -
     assert plan.document["layers"] == {"captured": 4, "total": 6}
     losses = ranks.run(_short_capture_step, plan.document, document)
     whole = _llama(6)
-    expected = float(whole.module(*whole.example_inputs))  # the model returns its loss
+    expected = whole.module(*whole.example_inputs).item()  # the model returns its loss
     assert losses == [pytest.approx(expected, rel=1e-5)] * 4

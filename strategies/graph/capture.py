@@ -47,8 +47,8 @@ LossFn = Callable[[Any], torch.Tensor]
 
 
 def default_loss(output: Any) -> torch.Tensor:
-    """The output's ``.loss`` if it has one, else the sum of the output (DESIGN.md); a scalar output is its
-    own sum, so a model that returns its loss adds no node."""
+    """The output's ``.loss`` if it has one, else the sum of the output; a scalar output is its own sum, so
+    a model that returns its loss adds no node."""
     loss = getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor):
         return loss

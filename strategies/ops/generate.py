@@ -71,7 +71,7 @@ class OpStrategies:
         return np.stack([self.redistribute_from(i, replicated)[0] for i in range(len(self.inputs))])
 
     def describe(self, index: int) -> dict[str, Any]:
-        """One strategy in DESIGN.md notation."""
+        """One strategy in the placement notation of docs/plan-format.md."""
         return {
             "output": [
                 None if meta is None else spec_text(self.output_specs[index, k])

@@ -1,4 +1,5 @@
-"""The plan: what the solver chose, in DESIGN.md's plan JSON (version 1), and what it predicts.
+"""The plan: what the solver chose, in the plan JSON of docs/plan-format.md (version 1), and what it
+predicts.
 
 ``predicted`` re-derives every figure from the chosen strategies (not from the solver's objective):
 ``compute_s`` sums the chosen ops' compute, ``load_s`` the inputs' host-to-device loads, ``comm_s`` the chosen
