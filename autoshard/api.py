@@ -91,12 +91,20 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def export_graph(
-    module: nn.Module, example_inputs: Any, loss_fn: Callable[..., torch.Tensor] | None = None
+    module: nn.Module,
+    example_inputs: Any,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    compute_dtype: str | None = None,
 ) -> dict[str, Any]:
     """The graph document of one training step of ``module`` on ``example_inputs`` (global shapes; the module
     may live on the meta device), for a planner elsewhere (``docs/graph-format.md``). ``loss_fn(output)``
-    makes the loss from the module's output; without it the output must be the loss, or carry ``.loss``."""
-    return export.export_graph(module, example_inputs, loss_fn)
+    makes the loss from the module's output; without it the output must be the loss, or carry ``.loss``.
+    ``compute_dtype`` (mixed precision): the step computes on copies of the parameters in that dtype (plan
+    the document with the same ``compute_dtype``)."""
+    from strategies.tensor_meta import parse_dtype
+
+    dtype = None if compute_dtype is None else parse_dtype(compute_dtype)
+    return export.export_graph(module, example_inputs, loss_fn, compute_dtype=dtype)
 
 
 def plan(
@@ -110,6 +118,7 @@ def plan(
     hardware: str = "h100",
     recompute: str = "auto",
     baseline: str | None = None,
+    compute_dtype: str | None = None,
     time_limit: float = 60.0,
     gap: float | None = None,
     progress: Callable[[str], None] | None = None,
@@ -120,14 +129,18 @@ def plan(
     ``memory_gib``: the budget per device (default: the hardware's capacity); ``hardware``: a preset
     (``h100``, ``h200``, ``a100``, ``b200``, ``cpu``) or a JSON/YAML file; ``recompute``: ``auto``, ``none``,
     ``selective`` or ``full``; ``baseline``: a hand-written layout (``ddp``, ``fsdp``, ``megatron``,
-    ``fsdp_tp``) whose placements are pinned. Raises :class:`~solver.errors.InfeasibleError` when no plan fits
-    the budget (its message says the smallest peak any plan reaches), ValueError for bad input.
+    ``fsdp_tp``) whose placements are pinned; ``compute_dtype``: mixed precision (the parameters, their
+    gradients and Adam's state stay in the module's dtype, the step computes on copies in this dtype, as
+    FSDP2's ``MixedPrecisionPolicy`` does; ``apply`` runs it so). Raises
+    :class:`~solver.errors.InfeasibleError` when no plan fits the budget (its message says the smallest peak
+    any plan reaches), ValueError for bad input.
 
     With ``torch.distributed`` initialised and more than one rank, rank 0 plans and every rank returns its
     plan (or raises its error): call it on every rank.
     """
     shape, names = _mesh_fields(mesh, axis_names)
     fields = _request_fields(memory_gib, hardware, recompute, baseline, time_limit, gap)
+    fields["compute_dtype"] = compute_dtype
 
     def make() -> Plan:
         return _plan_here(model, example_inputs, shape, names, loss_fn, progress, fields)
@@ -204,7 +217,11 @@ def _plan_here(
 ) -> Plan:
     from strategies.plan.planner import PlanRequest, plan_model
 
-    document = dict(model) if isinstance(model, Mapping) else export_graph(model, example_inputs, loss_fn)
+    document = (
+        dict(model)
+        if isinstance(model, Mapping)
+        else export_graph(model, example_inputs, loss_fn, fields.get("compute_dtype"))
+    )
     request = PlanRequest(model="", graph=document, mesh=shape, axis_names=names, **fields)
     return Plan(plan_model(request, progress).plan)
 

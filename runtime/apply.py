@@ -58,6 +58,14 @@ class AppliedPlan:
         return self.step.input_slices()
 
 
+def compute_dtype_of(plan: Mapping[str, Any]) -> torch.dtype | None:
+    """The dtype a plan's step computes in where it is not its parameters' (mixed precision), else None."""
+    from strategies.tensor_meta import parse_dtype
+
+    name = plan.get("request", {}).get("compute_dtype")
+    return None if name is None else parse_dtype(name)
+
+
 def apply_plan(
     module: torch.nn.Module,
     plan: Mapping[str, Any],
@@ -69,9 +77,10 @@ def apply_plan(
     """Apply ``plan`` to ``module`` on ``mesh``: capture its training step on ``example_inputs`` as the
     planner did (``loss_fn`` as for planning), refuse a plan made for another model or mesh
     (:class:`PlanMismatch`), and make every parameter of the module a DTensor in its planned placements
-    (tied names share one), so the module's state dict is the sharded one. A plan made from a short capture
-    of a deep model needs that capture (``short_graph``): every layer then runs as the layer standing for it
-    (:mod:`runtime.full_depth`)."""
+    (tied names share one), so the module's state dict is the sharded one. A mixed-precision plan
+    (``request.compute_dtype``) computes on copies of the parameters in that dtype, as it was planned. A
+    plan made from a short capture of a deep model needs that capture (``short_graph``): every layer then
+    runs as the layer standing for it (:mod:`runtime.full_depth`)."""
     from runtime.device_attention import register_for
     from strategies.graph.passes import capture_for_planning
     from strategies.ops.dtensor_bridge import register_with_dtensor
@@ -79,7 +88,7 @@ def apply_plan(
     register_with_dtensor()
     register_for(mesh.device_type)  # the CPU capture's attention kernels, on the mesh's device
     check_plan(plan, tuple(mesh.shape))
-    graph = capture_for_planning(module, example_inputs, loss_fn)
+    graph = capture_for_planning(module, example_inputs, loss_fn, compute_dtype_of(plan))
     if "layers" in plan:
         if short_graph is None:
             raise PlanMismatch(f"plan: made from a short capture (layers {plan['layers']}); pass short_graph")

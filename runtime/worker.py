@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from runtime import checkpoint, random_ops
-from runtime.apply import apply_plan
+from runtime.apply import apply_plan, compute_dtype_of
 from runtime.collectives import COLLECTIVE_NAMES, CountCollectives
 from runtime.plan_checks import PlanMismatch, check_plan
 from runtime.planned_step import LiveBytes
@@ -243,7 +243,8 @@ def _build_and_apply(
         raise
     except ValueError as error:  # the plan's shapes and options do not build this model
         raise model_mismatch(request.model, options.model, error) from error
-    reference = Reference(copy.deepcopy(spec.module), spec) if options.check else None
+    computing = compute_dtype_of(plan)
+    reference = Reference(copy.deepcopy(spec.module), spec, computing) if options.check else None
     applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn, short_graph=short)
     return spec, applied, reference
 
@@ -259,26 +260,52 @@ class Reference:
 
     module: torch.nn.Module
     spec: Any
+    compute_dtype: torch.dtype | None = None
+    """Mixed precision: the step computes on copies of the parameters (and floating inputs) in this dtype."""
     optimizer: torch.optim.Optimizer | None = None
     random_ops: dict[str, int] = dataclasses.field(default_factory=dict)
     """The step's random ops by op (:func:`runtime.random_ops.random_ops`), named when a check fails."""
 
     def step(self, planned: Any = None) -> None:
         """One step; with ``planned`` (the planned step's result) compare its loss and every gradient."""
-        from strategies.graph.capture import call_module, default_loss
+        from strategies.graph.capture import default_loss
 
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
-        loss = (self.spec.loss_fn or default_loss)(call_module(self.module, self.spec.example_inputs))
+        loss = (self.spec.loss_fn or default_loss)(self._output())
         loss.backward()
         if planned is not None:
+            computed = self.compute_dtype  # a sum in bf16 rounds apart as bf16 does, whatever it is kept in
             with self._naming_randomness():
-                _compare("loss", planned.loss.full_tensor(), loss.detach())
+                _compare("loss", planned.loss.full_tensor(), loss.detach(), dtype=computed)
                 for name, gradient in planned.gradients.items():
                     held = self.module.get_parameter(name)
                     expected = torch.zeros_like(held) if held.grad is None else held.grad
-                    _compare(f"{name}.grad", gradient.full_tensor(), expected)
+                    _compare(f"{name}.grad", gradient.full_tensor(), expected, dtype=computed)
         self.optimizer.step()
+
+    def _output(self) -> Any:
+        """The module's output on the example inputs; in mixed precision on copies of its parameters (and
+        floating inputs) in the compute dtype, as the planned step computes (``capture_step``)."""
+        from torch.func import functional_call
+        from torch.utils._pytree import tree_map
+
+        from strategies.graph.capture import call_module
+
+        inputs = self.spec.example_inputs
+        if self.compute_dtype is None:
+            return call_module(self.module, inputs)
+        dtype = self.compute_dtype
+
+        def cast(value: Any) -> Any:
+            floating = isinstance(value, torch.Tensor) and value.is_floating_point()
+            return value.to(dtype) if floating else value
+
+        copies = {name: cast(p) for name, p in self.module.named_parameters()}
+        if isinstance(inputs, dict):
+            return functional_call(self.module, copies, (), tree_map(cast, inputs))
+        args = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        return functional_call(self.module, copies, tree_map(cast, args))
 
     @contextlib.contextmanager
     def _naming_randomness(self) -> Iterator[None]:
@@ -315,7 +342,7 @@ class Reference:
         with self._naming_randomness():
             for name, parameter in parameters.items():
                 what = f"{name} after {options.steps} steps"
-                _compare(what, parameter.full_tensor(), held[name].detach(), extra_atol=drift)
+                _compare(what, parameter.full_tensor(), held[name].detach(), drift, dtype=self.compute_dtype)
 
 
 def load_plan(path: str) -> dict[str, Any]:
@@ -336,8 +363,16 @@ def expected_collectives(predicted: dict[str, int], backend: str) -> dict[str, i
     return expected
 
 
-def _compare(what: str, actual: torch.Tensor, expected: torch.Tensor, extra_atol: float = 0.0) -> None:
-    rtol, atol = TOLERANCE.get(expected.dtype, (1e-4, 1e-5))
+def _compare(
+    what: str,
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    extra_atol: float = 0.0,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Refuse ``actual`` unless it is ``expected`` within the tolerance of ``dtype`` (the dtype the values
+    were computed in; default ``expected``'s)."""
+    rtol, atol = TOLERANCE.get(dtype or expected.dtype, (1e-4, 1e-5))
     atol += extra_atol
     if actual.shape != expected.shape:
         raise CheckFailed(
@@ -348,5 +383,5 @@ def _compare(what: str, actual: torch.Tensor, expected: torch.Tensor, extra_atol
     if not bool((difference <= allowed).all()):
         raise CheckFailed(
             f"{what} differs from one process: largest difference {float(difference.max()):.3g} "
-            f"(allowed {float(allowed):.3g} for {expected.dtype})"
+            f"(allowed {float(allowed):.3g} for {dtype or expected.dtype})"
         )

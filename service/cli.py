@@ -26,7 +26,16 @@ EXIT_OK, EXIT_BAD_INPUT, EXIT_INFEASIBLE = 0, 2, 3
 BatchOption = Annotated[int | None, typer.Option(help="global batch", min=1)]
 SeqOption = Annotated[int | None, typer.Option(help="sequence length", min=1)]
 LayersOption = Annotated[int | None, typer.Option(help="override the model's depth", min=1)]
-DtypeOption = Annotated[str, typer.Option(help="parameter dtype")]
+DtypeOption = Annotated[
+    str, typer.Option("--dtype", "--param-dtype", help="parameter dtype (their gradients' too)")
+]
+ComputeDtypeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--compute-dtype",
+        help="mixed precision: compute on copies of the parameters in this dtype (default: --dtype)",
+    ),
+]
 GapOption = Annotated[
     float, typer.Option(help="stop once proven within this share of the optimum (0: prove)", min=0, max=1)
 ]
@@ -169,6 +178,7 @@ def plan_command(
     seq: SeqOption = None,
     layers: LayersOption = None,
     dtype: DtypeOption = "bfloat16",
+    compute_dtype: ComputeDtypeOption = None,
     backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
     time_limit: Annotated[float, typer.Option("--time-limit", help="solver seconds", min=0.1)] = 60.0,
     gap: GapOption = 0.01,
@@ -205,6 +215,7 @@ def plan_command(
         seq=seq,
         layers=layers,
         dtype=dtype,
+        compute_dtype=compute_dtype,
         backend=backend,
         time_limit=time_limit,
         gap=gap,

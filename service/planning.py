@@ -264,6 +264,7 @@ def run_plan_job(request: dict[str, Any], report: Report | None = None) -> dict[
         seq=request["seq"],
         layers=request["layers"],
         dtype=request["dtype"],
+        compute_dtype=request.get("compute_dtype"),
         backend=solver["backend"],
         time_limit=solver["time_limit_s"],
         gap=solver["gap"],

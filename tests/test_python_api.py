@@ -30,7 +30,8 @@ class TwoLayers(nn.Module):
         return nn.functional.mse_loss(self.down(torch.relu(self.up(x))), target)
 
 
-BATCH = (torch.randn(256, 32), torch.randn(256, 32))
+_SEEDED = torch.Generator().manual_seed(0)  # the same batch in every process that imports this module (ranks)
+BATCH = (torch.randn(256, 32, generator=_SEEDED), torch.randn(256, 32, generator=_SEEDED))
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +123,27 @@ def test_a_plan_of_a_short_captures_document_applies_to_the_whole_stack(ranks) -
     whole = _llama(6)
     expected = whole.module(*whole.example_inputs).item()  # the model returns its loss
     assert losses == [pytest.approx(expected, rel=1e-5)] * 4
+
+
+def _mixed_step(plan: dict[str, Any]) -> float:
+    """On each rank: the fp32 module, the mixed-precision plan applied, one step; the loss."""
+    from runtime.worker import device_mesh
+
+    torch.manual_seed(0)
+    module = TwoLayers()
+    mesh = device_mesh("cpu", (4,), ("dp",))
+    step = autoshard.apply(module, plan, mesh, BATCH)
+    assert all(p.dtype is torch.float32 for p in module.parameters())
+    return float(step(BATCH).loss.full_tensor())
+
+
+def test_a_launchers_module_plans_and_runs_in_mixed_precision(ranks) -> None:
+    torch.manual_seed(0)
+    module = TwoLayers()
+    plan = autoshard.plan(module, BATCH, "4", compute_dtype="bfloat16", baseline="ddp", time_limit=10)
+    assert plan.document["request"]["compute_dtype"] == "bfloat16"
+    losses = ranks.run(_mixed_step, plan.document)
+    copies = {name: p.detach().to(torch.bfloat16) for name, p in module.named_parameters()}
+    inputs = tuple(x.to(torch.bfloat16) for x in BATCH)
+    expected = torch.func.functional_call(module, copies, inputs).item()
+    assert losses == [pytest.approx(expected, rel=1e-2)] * 4

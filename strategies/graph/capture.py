@@ -117,7 +117,9 @@ class JointGraph:
         return self.order[self.backward_start :]
 
 
-def capture_step(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) -> JointGraph:
+def capture_step(
+    module: nn.Module, inputs: Any, loss_fn: LossFn | None = None, compute_dtype: torch.dtype | None = None
+) -> JointGraph:
     """Trace one training step of ``module`` on ``inputs`` into a :class:`JointGraph`.
 
     ``inputs`` is a sequence of positional arguments, a mapping of keyword arguments, or one tensor; tensors
@@ -127,6 +129,11 @@ def capture_step(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) 
     ``constants``. Dead ops (values computed and never used) are removed. A module that cannot be traced on
     fake tensors (data-dependent control flow, ops without fake kernels, a TypeError in its code) raises
     :class:`CaptureError`; a loss that is not a floating scalar raises ValueError.
+
+    ``compute_dtype`` (mixed precision, as FSDP2's ``MixedPrecisionPolicy(param_dtype=...)``): the parameters
+    keep their dtype (fp32, with their gradients and the optimizer's state) and the step computes on copies
+    in ``compute_dtype``, floating inputs cast alike; each parameter's copy is made just before its first
+    reader, in that reader's module (:func:`_place_compute_copies`), and the gradient flows back through it.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -141,9 +148,10 @@ def capture_step(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) 
     def step(params: dict, buffers: dict, *tensors: torch.Tensor) -> tuple:
         values = list(leaves)
         for i, tensor in zip(tensor_at, tensors, strict=True):
-            values[i] = tensor
+            values[i] = _compute_copy(tensor, compute_dtype)
         args, kwargs = tree_unflatten(values, spec)
-        loss = _checked_loss(loss_fn(functional_call(module, {**params, **buffers}, tuple(args), kwargs)))
+        computed = {name: _compute_copy(p, compute_dtype) for name, p in params.items()}
+        loss = _checked_loss(loss_fn(functional_call(module, {**computed, **buffers}, tuple(args), kwargs)))
         wrt = [*(p for p in params.values() if p.requires_grad), *(x for x in tensors if x.requires_grad)]
         _tag_backward_ops(loss)
         return loss, torch.autograd.grad(loss, wrt, materialize_grads=True)
@@ -171,12 +179,45 @@ def capture_step(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) 
             ) from error
         if gm.graph.eliminate_dead_code():
             gm.recompile()
+        if compute_dtype is not None:
+            _place_compute_copies(gm, list(params))
         constants = _lift_constants(gm, len(params), buffers)
     graph = _roles(gm, module, params, {**buffers, **constants}, fake_inputs)
     graph.constants = {name: getattr(gm, name) for name in constants}
     for name in constants:
         delattr(gm, name)
     return graph
+
+
+def _compute_copy(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``tensor`` in the compute dtype (a floating tensor of another dtype), else itself."""
+    if dtype is None or not tensor.is_floating_point() or tensor.dtype == dtype:
+        return tensor
+    return tensor.to(dtype)
+
+
+def _place_compute_copies(gm: fx.GraphModule, parameter_names: list[str]) -> None:
+    """Move each parameter's compute copy (a ``_to_copy`` of its placeholder, made at the step's start) to
+    just before its first reader and into its parameter's module: it is then made when FSDP2 would cast it,
+    lives no longer than its readers need, and belongs to its layer (tied, repeated, recomputable with it).
+    Each gradient's cast back to its parameter's dtype moves to just after the op that makes it."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    position = {node: index for index, node in enumerate(gm.graph.nodes)}
+    for name, placeholder in zip(parameter_names, placeholders, strict=False):
+        for copy in [u for u in placeholder.users if u.target is torch.ops.aten._to_copy.default]:
+            if not copy.users:
+                continue
+            first = min(copy.users, key=position.__getitem__)
+            first.prepend(copy)
+            owner = name.rpartition(".")[0]
+            if owner:  # the module path capture reads for forward ops
+                copy.meta["nn_module_stack"] = {f"autoshard_compute_copy.{owner}": (owner, "")}
+    _, *gradients = gm.graph.output_node().args[0]
+    for gradient in gradients:  # each gradient back in its parameter's dtype as soon as it is made (autograd
+        source = gradient.args[0] if gradient.target is torch.ops.aten._to_copy.default else None
+        if isinstance(source, fx.Node) and source.op == "call_function":  # casts them all at the end)
+            source.append(gradient)
+    gm.recompile()
 
 
 def capture_joint(module: nn.Module, inputs: Any, loss_fn: LossFn | None = None) -> fx.GraphModule:

@@ -42,6 +42,7 @@ def export_graph(
     *,
     total_layers: int | None = None,
     model: str | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """The graph document of one training step of ``module`` on ``inputs`` (global shapes), as JSON data.
 
@@ -49,12 +50,14 @@ def export_graph(
     live on the meta device. ``total_layers``: the module holds a few identical blocks (``layers.0`` …,
     at least 4: first, middle copies, last) standing for a stack of this many; the planner then plans the
     whole stack from the short capture (:mod:`strategies.problem.layer_repeat`). ``model`` is a label kept
-    in the document. Raises :class:`~strategies.graph.graph_format.GraphExportError` when the graph holds
-    something the format cannot write, ValueError when the middle layers are not identical.
+    in the document; ``compute_dtype``: mixed precision (the step computes on copies of the parameters in
+    that dtype, the casts in the graph). Raises :class:`~strategies.graph.graph_format.GraphExportError`
+    when the graph holds something the format cannot write, ValueError when the middle layers are not
+    identical.
     """
     from strategies.graph.passes import capture_for_planning
 
-    graph = capture_for_planning(module, inputs, loss_fn)
+    graph = capture_for_planning(module, inputs, loss_fn, compute_dtype)
     repeat = None
     if total_layers is not None:
         repeat = declared_repeat(graph, total_layers)

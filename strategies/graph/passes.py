@@ -65,13 +65,16 @@ MERGING_VIEW = "autoshard_merging_view"
 """Meta tag of the views the pass adds to merge trailing dims, until duplicates are merged (then removed)."""
 
 
-def capture_for_planning(module: torch.nn.Module, inputs: Any, loss_fn: Any = None) -> JointGraph:
-    """One training step captured (:func:`~strategies.graph.capture.capture_step`) and rewritten by the
-    passes the planner plans on: the graph a plan names, node for node."""
+def capture_for_planning(
+    module: torch.nn.Module, inputs: Any, loss_fn: Any = None, compute_dtype: torch.dtype | None = None
+) -> JointGraph:
+    """One training step captured (:func:`~strategies.graph.capture.capture_step`, ``compute_dtype`` for
+    mixed precision) and rewritten by the passes the planner plans on: the graph a plan names, node for
+    node."""
     from strategies.graph.capture import capture_step
     from strategies.graph.experts import explicit_expert_groups
 
-    graph = capture_step(module, inputs, loss_fn)
+    graph = capture_step(module, inputs, loss_fn, compute_dtype)
     explicit_expert_groups(graph.gm)
     expose_sequence_dims(graph.gm)
     exact_mean_losses(graph.gm)

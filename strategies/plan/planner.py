@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from solver.errors import InfeasibleError
 from solver.headroom import with_headroom
 from solver.problem import Problem
@@ -74,6 +76,12 @@ class PlanRequest:
     """Sequence length (default 1024; ignored by models without one)."""
     layers: int | None = None
     dtype: str = "bfloat16"
+    """The parameters' dtype (their gradients' too); Adam's state is fp32 whatever it is."""
+    compute_dtype: str | None = None
+    """Mixed precision: the step computes on copies of the parameters (and floating inputs) in this dtype,
+    as FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` does; None computes in ``dtype``. With ``graph``:
+    the compute dtype the document was exported with (its casts are in it), for the runtime to capture the
+    module alike."""
     backend: str = "auto"
     time_limit: float = 60.0
     gap: float = DEFAULT_GAP
@@ -117,6 +125,7 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
     timings: dict[str, float] = {}
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
     _check_baseline(request.baseline, mesh)
+    compute_dtype(request)  # a bad name refused before any work
     started = time.perf_counter()
     first = _first_policy(request)
     if request.graph is not None:
@@ -149,6 +158,7 @@ def plan_captured(
     timings: dict[str, float] = {}
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
     _check_baseline(request.baseline, mesh)
+    compute_dtype(request)  # a bad name refused before any work
     started = time.perf_counter()
 
     def build(policy: str) -> BuiltProblem:
@@ -341,7 +351,19 @@ def capture_request(
         say(f"building {request.model}{depth} on the {device} device")
     spec = build_request_model(request, request.model, layers, device)
     say("capturing the joint forward + backward graph")
-    return capture_for_planning(spec.module, spec.example_inputs, spec.loss_fn), spec
+    return capture_for_planning(spec.module, spec.example_inputs, spec.loss_fn, compute_dtype(request)), spec
+
+
+def compute_dtype(request: PlanRequest) -> torch.dtype | None:
+    """The request's compute dtype (None: the parameters'); ValueError naming ``compute_dtype``."""
+    from strategies.tensor_meta import parse_dtype
+
+    if request.compute_dtype is None:
+        return None
+    try:
+        return parse_dtype(request.compute_dtype)
+    except ValueError as error:
+        raise ValueError(f"compute_{error}") from None
 
 
 def export_request_graph(request: PlanRequest, say: Progress | None = None) -> dict[str, Any]:

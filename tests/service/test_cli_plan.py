@@ -141,3 +141,16 @@ def test_the_summary_says_the_memory_left_and_what_the_fastest_plan_would_hold()
     assert "the fastest plan peaks at 50.0 GiB (0.50% faster)" in text
     plan["mesh"]["hardware"] = "/some/where/hardware.yaml"  # not a preset: no file is opened for it
     assert "left" not in summary(plan)
+
+
+def test_mixed_precision_is_asked_with_a_parameter_and_a_compute_dtype(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    mlp = ("plan", "--model", "mlp", "--mesh", "2", "--batch", "64", "--time-limit", "10")
+    code, _, stderr = autoshard(
+        *mlp, "--param-dtype", "float32", "--compute-dtype", "bfloat16", "--out", str(out)
+    )
+    assert code == 0, stderr
+    request = json.loads(out.read_text())["request"]
+    assert (request["dtype"], request["compute_dtype"]) == ("float32", "bfloat16")
+    code, _, stderr = autoshard(*mlp, "--compute-dtype", "bfloat17", "--out", str(out))
+    assert code == 2 and "compute_dtype: unknown 'bfloat17'" in stderr
