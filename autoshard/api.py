@@ -139,8 +139,7 @@ def plan(
     plan (or raises its error): call it on every rank.
     """
     shape, names = _mesh_fields(mesh, axis_names)
-    fields = _request_fields(memory_gib, hardware, recompute, baseline, time_limit, gap)
-    fields["compute_dtype"] = compute_dtype
+    fields = _request_fields(memory_gib, hardware, recompute, baseline, compute_dtype, time_limit, gap)
 
     def make() -> Plan:
         return _plan_here(model, example_inputs, shape, names, loss_fn, progress, fields)
@@ -190,6 +189,7 @@ def _request_fields(
     hardware: str,
     recompute: str,
     baseline: str | None,
+    compute_dtype: str | None,
     time_limit: float,
     gap: float | None,
 ) -> dict[str, Any]:
@@ -199,6 +199,7 @@ def _request_fields(
         "hardware": hardware,
         "recompute": recompute,
         "baseline": baseline,
+        "compute_dtype": compute_dtype,
         "time_limit": time_limit,
     }
     if gap is not None:

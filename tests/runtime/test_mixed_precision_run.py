@@ -5,12 +5,10 @@ within 110% of the predicted one."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from runtime.worker import RunOptions, run_rank
 from strategies.plan.planner import PlanRequest, plan_model
+from tests.runtime.checked_run import assert_as_planned, run_checked
 from tests.runtime.test_planned_step import GPT, HF_LLAMA
 
 CASES = {
@@ -29,17 +27,4 @@ def test_fp32_parameters_with_bf16_compute_run_as_planned(ranks, tmp_path, case)
     fields = CASES[case]
     plan = plan_model(PlanRequest(dtype="float32", compute_dtype="bfloat16", time_limit=20, **fields)).plan
     assert plan["request"]["compute_dtype"] == "bfloat16"
-    path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan), encoding="utf-8")
-    options = RunOptions(
-        model=fields["model"], plan=str(path), steps=2, lr=1e-3, check=True, optimizer="adamw"
-    )
-    reports = ranks.run(run_rank, options)
-    for rank, report in enumerate(reports):
-        assert isinstance(report, dict), f"rank {rank}: {report}"
-    report = reports[0]
-    assert report["checked"] and report["deviations"] == []
-    collectives = report["collectives"]
-    assert collectives["measured"] == collectives["expected_on_backend"], collectives
-    memory = report["memory"]
-    assert 0 < max(memory["peak_bytes_per_rank"]) <= 1.1 * memory["predicted_peak_bytes"], memory
+    assert_as_planned(run_checked(ranks, plan, fields["model"], tmp_path / "plan.json"))

@@ -11,8 +11,6 @@ the full depth.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +18,9 @@ import pytest
 from runtime import random_ops
 from runtime.recomputation import RecomputeMismatch, schedule
 from runtime.report import report_text
-from runtime.worker import RunOptions, run_rank
 from solver.errors import InfeasibleError
 from strategies.plan.planner import PlanRequest, capture_request, plan_model
+from tests.runtime.checked_run import assert_as_planned, run_checked
 from tests.runtime.test_planned_step import GPT, HF_LLAMA, LLAMA, USER_MODELS
 
 ZOO_NEOX = f"{USER_MODELS / 'zoo.py'}:gpt_neox"
@@ -36,29 +34,6 @@ def request(model: dict[str, Any], **fields: Any) -> PlanRequest:
     return PlanRequest(mesh="4", dtype="float32", time_limit=30, **model, **fields)
 
 
-def run(ranks, plan: dict[str, Any], model: str, path: Path) -> dict[str, Any]:
-    """Two checked steps of AdamW (whose state the memory model counts) of ``plan`` on the ranks; rank 0's
-    report (every rank's loss alike)."""
-    path.write_text(json.dumps(plan), encoding="utf-8")
-    reports = ranks.run(
-        run_rank, RunOptions(model=model, plan=str(path), steps=2, lr=1e-3, check=True, optimizer="adamw")
-    )
-    for rank, report in enumerate(reports):
-        assert isinstance(report, dict), f"rank {rank}: {report}"
-    assert all(r["loss"] == reports[0]["loss"] for r in reports)
-    assert reports[0]["checked"] and reports[0]["deviations"] == []
-    return reports[0]
-
-
-def assert_as_planned(report: dict[str, Any]) -> None:
-    collectives = report["collectives"]
-    assert collectives["measured"] == collectives["expected_on_backend"], collectives
-    if "all_to_all" not in collectives["predicted"]:  # gloo gathers instead: other bytes
-        assert collectives["measured_bytes"] == collectives["predicted_bytes"], collectives
-    memory = report["memory"]
-    assert 0 < max(memory["peak_bytes_per_rank"]) <= 1.1 * memory["predicted_peak_bytes"], memory
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_a_budget_only_recomputation_meets_runs_as_planned_in_less_memory(ranks, tmp_path, name) -> None:
     model = MODELS[name]
@@ -70,9 +45,9 @@ def test_a_budget_only_recomputation_meets_runs_as_planned_in_less_memory(ranks,
     assert plan["recompute"] and plan["predicted"]["recompute_s"] > 0
     assert plan["predicted"]["peak_memory_bytes"] <= budget_gib * 2**30
 
-    recomputing = run(ranks, plan, model["model"], tmp_path / "recompute.json")
+    recomputing = run_checked(ranks, plan, model["model"], tmp_path / "recompute.json")
     assert_as_planned(recomputing)
-    keeping = run(ranks, {**plan, "recompute": []}, model["model"], tmp_path / "keep.json")
+    keeping = run_checked(ranks, {**plan, "recompute": []}, model["model"], tmp_path / "keep.json")
     assert max(recomputing["memory"]["peak_bytes_per_rank"]) < max(keeping["memory"]["peak_bytes_per_rank"])
     assert recomputing["loss"] == pytest.approx(keeping["loss"], rel=1e-5)
     assert recomputing["recompute"]["values"] >= len(plan["recompute"]) > 0
@@ -91,7 +66,7 @@ def test_a_recomputed_dropout_mask_is_drawn_again_as_its_forward_drew_it(ranks, 
         e.node for e in entries if e.again and random_ops.draws_random(e.node.target, e.node.args, {})
     ]
     assert len(drawn_again) >= 2  # a mask per dropout of each layer
-    report = run(ranks, plan, ZOO_NEOX, tmp_path / "plan.json")
+    report = run_checked(ranks, plan, ZOO_NEOX, tmp_path / "plan.json")
     assert report["random_ops"]["ops"]
     assert_as_planned(report)
 
@@ -100,7 +75,7 @@ def test_a_short_capture_plan_recomputes_in_every_layer_of_the_full_depth(ranks,
     fields = {"batch": 4, "seq": 16, "layers": 6, "options": LLAMA, "recompute": "full", "baseline": "fsdp"}
     plan = plan_model(request({"model": "llama3-8b"}, **fields)).plan
     assert plan["layers"] == {"captured": 4, "total": 6} and plan["recompute"]
-    report = run(ranks, plan, "llama3-8b", tmp_path / "plan.json")
+    report = run_checked(ranks, plan, "llama3-8b", tmp_path / "plan.json")
     assert_as_planned(report)
 
 

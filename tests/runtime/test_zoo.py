@@ -50,10 +50,10 @@ def run_on_one_capture(options: RunOptions) -> dict[str, Any]:
 
     capture = passes.capture_for_planning
 
-    def captured_once(module: Any, inputs: Any, loss_fn: Any = None) -> Any:
+    def captured_once(module: Any, inputs: Any, loss_fn: Any = None, compute_dtype: Any = None) -> Any:
         if options.model not in _CAPTURES:
             _CAPTURES.clear()
-            _CAPTURES[options.model] = capture(module, inputs, loss_fn)
+            _CAPTURES[options.model] = capture(module, inputs, loss_fn, compute_dtype)
         return _CAPTURES[options.model]
 
     passes.capture_for_planning = captured_once  # what `apply_plan` calls
