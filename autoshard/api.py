@@ -101,9 +101,9 @@ def export_graph(
     makes the loss from the module's output; without it the output must be the loss, or carry ``.loss``.
     ``compute_dtype`` (mixed precision): the step computes on copies of the parameters in that dtype (plan
     the document with the same ``compute_dtype``)."""
-    from strategies.tensor_meta import parse_dtype
+    from strategies.tensor_meta import parse_compute_dtype
 
-    dtype = None if compute_dtype is None else parse_dtype(compute_dtype)
+    dtype = None if compute_dtype is None else parse_compute_dtype(compute_dtype)
     return export.export_graph(module, example_inputs, loss_fn, compute_dtype=dtype)
 
 

@@ -60,10 +60,10 @@ class AppliedPlan:
 
 def compute_dtype_of(plan: Mapping[str, Any]) -> torch.dtype | None:
     """The dtype a plan's step computes in where it is not its parameters' (mixed precision), else None."""
-    from strategies.tensor_meta import parse_dtype
+    from strategies.tensor_meta import parse_compute_dtype
 
     name = plan.get("request", {}).get("compute_dtype")
-    return None if name is None else parse_dtype(name)
+    return None if name is None else parse_compute_dtype(name)
 
 
 def apply_plan(

@@ -246,6 +246,7 @@ def export_graph_command(
     seq: SeqOption = None,
     layers: LayersOption = None,
     dtype: DtypeOption = "bfloat16",
+    compute_dtype: ComputeDtypeOption = None,
     captured_layers: CapturedLayersOption = 4,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:
@@ -264,6 +265,7 @@ def export_graph_command(
         seq=seq,
         layers=layers,
         dtype=dtype,
+        compute_dtype=compute_dtype,
         captured_layers=captured_layers or None,
     )
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
@@ -396,6 +398,7 @@ def search_command(
         str | None, typer.Option(help="model configuration overrides as JSON, e.g. '{\"dim\": 128}'")
     ] = None,
     dtype: DtypeOption = "bfloat16",
+    compute_dtype: ComputeDtypeOption = None,
     max_mesh_dims: Annotated[
         int, typer.Option("--max-mesh-dims", help="mesh axes at most", min=1, max=3)
     ] = 3,
@@ -452,6 +455,7 @@ def search_command(
             gap=gap,
             backend=backend,
             dtype=dtype,
+            compute_dtype=compute_dtype,
             layers=layers,
             options=json.loads(options) if options else {},
             overlap=overlap,

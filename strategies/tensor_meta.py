@@ -74,6 +74,17 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[key]
 
 
+def parse_compute_dtype(name: str | torch.dtype) -> torch.dtype:
+    """A mixed-precision compute dtype: a floating one; ValueError naming ``compute_dtype`` otherwise."""
+    try:
+        dtype = parse_dtype(name)
+    except ValueError as error:
+        raise ValueError(f"compute_{error}") from None
+    if not dtype.is_floating_point:
+        raise ValueError(f"compute_dtype: must be a floating dtype, got {dtype_name(dtype)}")
+    return dtype
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

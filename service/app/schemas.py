@@ -212,7 +212,10 @@ class SearchSubmission(Strict):
     )
     seq: int | None = Field(None, ge=1, le=2**31, description="sequence length")
     layers: int | None = Field(None, ge=1, le=1024, description="the model's depth")
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="the parameters' dtype")
+    compute_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
+        None, description="mixed precision: compute on copies of the parameters in this dtype"
+    )
     max_mesh_dims: int = Field(3, ge=1, le=3, description="mesh axes at most")
     solver: SolverOptions = Field(default_factory=SolverOptions)
     overlap: float = Field(0.0, ge=0, lt=1, description="share of gathers / reductions hidden by compute")

@@ -42,6 +42,7 @@ def search_request(body: dict[str, Any]) -> SearchRequest:
         gap=solver["gap"],
         backend=solver["backend"],
         dtype=body["dtype"],
+        compute_dtype=body.get("compute_dtype"),
         layers=body["layers"],
         options=dict(body["options"]),
         overlap=body["overlap"],

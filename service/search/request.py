@@ -37,6 +37,9 @@ class SearchRequest:
     gap: float = DEFAULT_GAP
     backend: str = "auto"
     dtype: str = "bfloat16"
+    """The parameters' dtype."""
+    compute_dtype: str | None = None
+    """Mixed precision: every candidate computes on copies of the parameters in this dtype."""
     layers: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
     overlap: float = 0.0
@@ -56,6 +59,10 @@ class SearchRequest:
         if not 0 <= self.overlap < 1:
             raise ValueError(f"overlap: from 0 to below 1, got {self.overlap}")
         check_policy(self.recompute)
+        if self.compute_dtype is not None:
+            from strategies.tensor_meta import parse_compute_dtype
+
+            parse_compute_dtype(self.compute_dtype)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +80,7 @@ class SearchRequest:
             seq=self.seq,
             layers=self.layers,
             dtype=self.dtype,
+            compute_dtype=self.compute_dtype,
             backend=self.backend,
             time_limit=self.time_limit_s,
             gap=self.gap,
@@ -94,6 +102,7 @@ class SearchRequest:
             "seq": self.seq,
             "layers": self.layers,
             "dtype": self.dtype,
+            "compute_dtype": self.compute_dtype,
             "solver": {"backend": self.backend, "time_limit_s": self.time_limit_s, "gap": self.gap},
             "overlap": self.overlap,
             "captured_layers": self.captured_layers,

@@ -356,14 +356,9 @@ def capture_request(
 
 def compute_dtype(request: PlanRequest) -> torch.dtype | None:
     """The request's compute dtype (None: the parameters'); ValueError naming ``compute_dtype``."""
-    from strategies.tensor_meta import parse_dtype
+    from strategies.tensor_meta import parse_compute_dtype
 
-    if request.compute_dtype is None:
-        return None
-    try:
-        return parse_dtype(request.compute_dtype)
-    except ValueError as error:
-        raise ValueError(f"compute_{error}") from None
+    return None if request.compute_dtype is None else parse_compute_dtype(request.compute_dtype)
 
 
 def export_request_graph(request: PlanRequest, say: Progress | None = None) -> dict[str, Any]:

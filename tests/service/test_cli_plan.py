@@ -154,3 +154,5 @@ def test_mixed_precision_is_asked_with_a_parameter_and_a_compute_dtype(tmp_path:
     assert (request["dtype"], request["compute_dtype"]) == ("float32", "bfloat16")
     code, _, stderr = autoshard(*mlp, "--compute-dtype", "bfloat17", "--out", str(out))
     assert code == 2 and "compute_dtype: unknown 'bfloat17'" in stderr
+    code, _, stderr = autoshard(*mlp, "--compute-dtype", "int8", "--out", str(out))
+    assert code == 2 and "compute_dtype: must be a floating dtype, got int8" in stderr

@@ -42,3 +42,24 @@ def test_bad_batch_sizes_are_refused_naming_the_option(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "--batch-sizes" in done.stderr
     assert not (tmp_path / "results.json").exists()
+
+
+def test_mixed_precision_searches_with_every_candidate_in_it(tmp_path: Path) -> None:
+    mixed = ["--param-dtype", "float32", "--compute-dtype", "bfloat16", "--batch-sizes", "64"]
+    small = [*SMALL[:3], "2", *SMALL[4:]]  # two devices
+    done = subprocess.run(
+        [*AUTOSHARD, "search", *small, *mixed, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (results["request"]["dtype"], results["request"]["compute_dtype"]) == ("float32", "bfloat16")
+    bad = subprocess.run(
+        [*AUTOSHARD, "search", *small, "--compute-dtype", "bfloat17", "--out", str(tmp_path / "bad")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "compute_dtype: unknown 'bfloat17'" in bad.stderr
