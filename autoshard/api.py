@@ -67,10 +67,12 @@ class Plan:
         ``init_device_mesh`` lays them out). A data loader gives each rank that part; the applied step takes
         it with ``local=True``."""
         from runtime.local_inputs import input_slices, mesh_coordinate
+        from runtime.plan_checks import input_placements
         from strategies.graph.capture import input_tensors
 
         shapes = [tuple(tensor.shape) for tensor in input_tensors(example_inputs)]
-        return input_slices(self.document, shapes, mesh_coordinate(rank, self.mesh_shape))
+        placements = input_placements(self.document, len(shapes))
+        return input_slices(placements, shapes, self.mesh_shape, mesh_coordinate(rank, self.mesh_shape))
 
     def summary(self) -> str:
         """What `autoshard plan` prints: placements by layer, step time, memory against the budget."""
@@ -138,7 +140,7 @@ def plan(
     With ``torch.distributed`` initialised and more than one rank, rank 0 plans and every rank returns its
     plan (or raises its error): call it on every rank.
     """
-    shape, names = _mesh_fields(mesh, axis_names)
+    shape, names = _mesh_fields(mesh, axis_names, hardware)
     fields = _request_fields(memory_gib, hardware, recompute, baseline, compute_dtype, time_limit, gap)
 
     def make() -> Plan:
@@ -227,22 +229,16 @@ def _plan_here(
     return Plan(plan_model(request, progress).plan)
 
 
-def _mesh_fields(mesh: MeshLike, axis_names: Sequence[str] | None) -> tuple[str, str | None]:
-    """(the shape as ``"2x4"``, the axis names comma-separated or None for the defaults)."""
+def _mesh_fields(mesh: MeshLike, axis_names: Sequence[str] | None, hardware: str) -> tuple[str, str | None]:
+    """(the shape as ``"2x4"``, the axis names comma-separated or None for the defaults), checked by the
+    planner's own rules (``make_mesh``) before anything is captured."""
+    from strategies.cost.mesh import make_mesh
+
     if isinstance(mesh, DeviceMesh):
-        shape: tuple[int, ...] = tuple(mesh.shape)
-        names = axis_names or mesh.mesh_dim_names
-    elif isinstance(mesh, str):
-        shape = tuple(int(size) for size in mesh.lower().split("x"))
-        names = axis_names
-    else:
-        shape = tuple(int(size) for size in mesh)
-        names = axis_names
-    if not shape or any(size < 1 for size in shape):
-        raise ValueError(f"mesh: {mesh!r} is not a mesh shape (e.g. '2x4' or (2, 4))")
-    if names is not None and len(names) != len(shape):
-        raise ValueError(f"axis_names: {list(names)} names {len(names)} axes; the mesh has {len(shape)}")
-    return "x".join(str(size) for size in shape), None if names is None else ",".join(names)
+        mesh, axis_names = tuple(mesh.shape), axis_names or mesh.mesh_dim_names
+    checked = make_mesh(mesh, axis_names, hardware)
+    names = None if axis_names is None else ",".join(checked.axis_names)
+    return "x".join(str(size) for size in checked.shape), names
 
 
 __all__ = ["MeshLike", "Plan", "apply", "export_graph", "load_plan", "plan"]

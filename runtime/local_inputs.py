@@ -12,12 +12,11 @@ the mesh in row-major order, as ``init_device_mesh`` lays them out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
-from runtime.plan_checks import Placements, PlanMismatch, placements_of
+from runtime.plan_checks import Placements, PlanMismatch
 
 
 def mesh_coordinate(rank: int, mesh_shape: Sequence[int]) -> list[int]:
@@ -50,19 +49,17 @@ def part_of(
 
 
 def input_slices(
-    plan: Mapping[str, Any], shapes: Sequence[Sequence[int]], coordinate: Sequence[int]
+    placements: Sequence[Placements | None],
+    shapes: Sequence[Sequence[int]],
+    mesh_shape: Sequence[int],
+    coordinate: Sequence[int],
 ) -> list[tuple[slice, ...]]:
-    """Per input of the step (global ``shapes``, in the step's input order), the part the device at
-    ``coordinate`` loads under ``plan``."""
-    planned = plan.get("inputs", [])
-    if len(planned) != len(shapes):
-        raise PlanMismatch(f"model: the plan places {len(planned)} inputs, the step takes {len(shapes)}")
-    mesh_shape = tuple(plan["mesh"]["shape"])
+    """Per input of the step (its ``placements`` and global ``shapes``, in the step's input order:
+    :func:`runtime.plan_checks.input_placements`), the part the device at ``coordinate`` loads."""
     slices = []
-    for k, (shape, texts) in enumerate(zip(shapes, planned, strict=True)):
-        placements = placements_of(texts, f"input {k}")
-        assert placements is not None
-        slices.append(part_of(shape, mesh_shape, coordinate, placements, f"input {k}"))
+    for k, (shape, placed) in enumerate(zip(shapes, placements, strict=True)):
+        assert placed is not None, f"input {k}: a plan places every input"
+        slices.append(part_of(shape, mesh_shape, coordinate, placed, f"input {k}"))
     return slices
 
 

@@ -55,6 +55,15 @@ def placements_of(texts: Sequence[str] | None, where: str) -> Placements | None:
         raise PlanMismatch(f"plan: {where}: {error}; plan again with this version") from None
 
 
+def input_placements(plan: Mapping[str, Any], inputs: int) -> list[Placements | None]:
+    """The plan's placements of the step's ``inputs`` tensor inputs, in order; refuses a plan placing
+    another number of them."""
+    planned = plan.get("inputs", [])
+    if len(planned) != inputs:
+        raise PlanMismatch(f"model: the plan places {len(planned)} inputs, the model takes {inputs}")
+    return [placements_of(texts, f"input {k}") for k, texts in enumerate(planned)]
+
+
 OTHER_MODEL = "model: the plan was made for another model"
 
 

@@ -38,8 +38,16 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from runtime import random_ops, recomputation
-from runtime.local_inputs import part_of
-from runtime.plan_checks import Placements, PlanMismatch, check_plan, check_shapes, node_plans, placements_of
+from runtime.local_inputs import input_slices
+from runtime.plan_checks import (
+    Placements,
+    PlanMismatch,
+    check_plan,
+    check_shapes,
+    input_placements,
+    node_plans,
+    placements_of,
+)
 from runtime.plan_specs import differs, hold_mask
 from runtime.replicated_ops import lacks_rule, run_replicated
 from strategies.graph.capture import JointGraph
@@ -145,9 +153,7 @@ class PlannedStep:
             for name, spec in plan["parameters"].items()
             if name in graph.parameters
         }
-        self.input_placements = [
-            placements_of(spec, f"input {k}") for k, spec in enumerate(plan.get("inputs", []))
-        ]
+        self.input_placements = input_placements(plan, len(graph.inputs))
         try:
             self.entries, self.drops = recomputation.schedule(graph, plan)
         except recomputation.RecomputeMismatch as error:
@@ -164,11 +170,6 @@ class PlannedStep:
         for name, node in graph.gradients.items():
             self.gradient_of.setdefault(node, []).append(name)
         self.moved_once = self._moved_once()
-        if len(self.input_placements) != len(graph.inputs):
-            raise PlanMismatch(
-                f"model: the plan places {len(self.input_placements)} inputs, "
-                f"the model takes {len(graph.inputs)}"
-            )
 
     def _moved_once(self) -> set[tuple[fx.Node, int]]:
         """(op output, index) pairs that every reader (op arguments, a gradient's parameter) reads in one same
@@ -212,10 +213,8 @@ class PlannedStep:
         (:mod:`runtime.local_inputs`)."""
         coordinate = self.mesh.get_coordinate()
         assert coordinate is not None, "this rank is not on the plan's mesh"
-        return [
-            part_of(node.meta["val"].shape, tuple(self.mesh.shape), coordinate, placements, f"input {k}")
-            for k, (node, placements) in enumerate(zip(self.graph.inputs, self.input_placements, strict=True))
-        ]
+        shapes = [node.meta["val"].shape for node in self.graph.inputs]
+        return input_slices(self.input_placements, shapes, tuple(self.mesh.shape), coordinate)
 
     def assemble_inputs(self, parts: Sequence[torch.Tensor]) -> list[DTensor]:
         """The step's inputs from this rank's parts of them (each ``global_input[input_slices()[k]]``, as a

@@ -268,11 +268,12 @@ class Reference:
 
     def step(self, planned: Any = None) -> None:
         """One step; with ``planned`` (the planned step's result) compare its loss and every gradient."""
-        from strategies.graph.capture import default_loss
+        from strategies.graph.capture import call_module, default_loss
 
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
-        loss = (self.spec.loss_fn or default_loss)(self._output())
+        output = call_module(self.module, self.spec.example_inputs, self.compute_dtype)
+        loss = (self.spec.loss_fn or default_loss)(output)
         loss.backward()
         if planned is not None:
             computed = self.compute_dtype  # a sum in bf16 rounds apart as bf16 does, whatever it is kept in
@@ -283,29 +284,6 @@ class Reference:
                     expected = torch.zeros_like(held) if held.grad is None else held.grad
                     _compare(f"{name}.grad", gradient.full_tensor(), expected, dtype=computed)
         self.optimizer.step()
-
-    def _output(self) -> Any:
-        """The module's output on the example inputs; in mixed precision on copies of its parameters (and
-        floating inputs) in the compute dtype, as the planned step computes (``capture_step``)."""
-        from torch.func import functional_call
-        from torch.utils._pytree import tree_map
-
-        from strategies.graph.capture import call_module
-
-        inputs = self.spec.example_inputs
-        if self.compute_dtype is None:
-            return call_module(self.module, inputs)
-        dtype = self.compute_dtype
-
-        def cast(value: Any) -> Any:
-            floating = isinstance(value, torch.Tensor) and value.is_floating_point()
-            return value.to(dtype) if floating else value
-
-        copies = {name: cast(p) for name, p in self.module.named_parameters()}
-        if isinstance(inputs, dict):
-            return functional_call(self.module, copies, (), tree_map(cast, inputs))
-        args = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-        return functional_call(self.module, copies, tree_map(cast, args))
 
     @contextlib.contextmanager
     def _naming_randomness(self) -> Iterator[None]:

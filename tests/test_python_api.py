@@ -56,9 +56,9 @@ def test_a_plan_planned_from_an_exported_graph_is_the_same_request() -> None:
 
 
 def test_bad_meshes_budgets_and_plans_are_refused_in_the_callers_terms(tmp_path) -> None:
-    with pytest.raises(ValueError, match="not a mesh shape"):
+    with pytest.raises(ValueError, match="mesh: every axis size must be a positive integer, got '2x0'"):
         autoshard.plan(TwoLayers(), BATCH, "2x0")
-    with pytest.raises(ValueError, match=r"axis_names: \['dp'\] names 1 axes; the mesh has 2"):
+    with pytest.raises(ValueError, match="axis_names: 1 names for a 2-D mesh"):
         autoshard.plan(TwoLayers(), BATCH, (2, 2), axis_names=("dp",))
     with pytest.raises(autoshard.InfeasibleError, match="smallest peak any plan can reach"):
         autoshard.plan(TwoLayers(), BATCH, "4", memory_gib=1e-6, time_limit=5)

@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import DynamicOutputShapeException
 from torch.func import functional_call
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from strategies.graph.experts import experts_capture
 from strategies.tensor_meta import TensorMeta, flatten_outputs
@@ -232,10 +232,18 @@ def input_tensors(inputs: Any) -> list[torch.Tensor]:
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
-def call_module(module: nn.Module, inputs: Any) -> Any:
-    """``module(*args, **kwargs)`` for example inputs as :func:`capture_step` takes them."""
+def call_module(module: nn.Module, inputs: Any, compute_dtype: torch.dtype | None = None) -> Any:
+    """``module(*args, **kwargs)`` for example inputs as :func:`capture_step` takes them; with
+    ``compute_dtype``, on copies of the parameters and floating inputs in it, as the captured step computes
+    (the gradients still flow to the parameters)."""
     args, kwargs = _as_args_kwargs(inputs)
-    return module(*args, **kwargs)
+    if compute_dtype is None:
+        return module(*args, **kwargs)
+    copies = {name: _compute_copy(p, compute_dtype) for name, p in module.named_parameters()}
+    args, kwargs = tree_map(
+        lambda v: _compute_copy(v, compute_dtype) if isinstance(v, torch.Tensor) else v, (args, kwargs)
+    )
+    return functional_call(module, copies, args, kwargs)
 
 
 def _as_args_kwargs(inputs: Any) -> tuple[tuple, dict]:

@@ -313,7 +313,7 @@ def build_problem(
     started = time.perf_counter()
     b = _Builder(mesh, overlap)
     buffers = buffers or {}
-    order, position, last_use = _step_positions(gm, gradients)
+    order, position, last_use, alive_until = _step_positions(gm, gradients)
     end = len(order) + 2
     index_of: dict[torch.fx.Node, int] = {}
     parameter_nodes: dict[str, int] = {}
@@ -341,7 +341,6 @@ def build_problem(
     check_policy(recompute)
     paths = _inherit_layer_paths(order, module_path) if module_path else {}
     always_there = {*parameters.values(), *buffers.values()}
-    alive_until = {n: _alive_until(n, last_use) if n in position else last_use[n] for n in gm.graph.nodes}
     kept = placement_kept(order)
     candidates: dict[torch.fx.Node, Candidate] = {}
     if backward_start is not None and paths:
@@ -567,10 +566,7 @@ def build_step_problem(graph: JointGraph, mesh: Mesh, **options: Any) -> BuiltPr
 def step_candidates(graph: JointGraph, policy: Policy) -> dict[torch.fx.Node, Candidate]:
     """The recomputation candidates of a captured step under ``policy``, exactly as its problem has them
     (the runtime makes a plan's recomputed values again with their closures)."""
-    order, position, last_use = _step_positions(graph.gm, graph.gradients)
-    alive_until = {
-        n: _alive_until(n, last_use) if n in position else last_use[n] for n in graph.gm.graph.nodes
-    }
+    order, position, _, alive_until = _step_positions(graph.gm, graph.gradients)
     return _step_candidates(
         order,
         position,
@@ -585,9 +581,10 @@ def step_candidates(graph: JointGraph, policy: Policy) -> dict[torch.fx.Node, Ca
 
 def _step_positions(
     gm: torch.fx.GraphModule, gradients: Mapping[str, torch.fx.Node]
-) -> tuple[list[torch.fx.Node], dict[torch.fx.Node, int], dict[torch.fx.Node, int]]:
-    """(op nodes in execution order, their 1-based positions, each node's last reader's position): a
-    gradient handed to its sink counts as read to the step's end."""
+) -> tuple[list[torch.fx.Node], dict[torch.fx.Node, int], dict[torch.fx.Node, int], dict[torch.fx.Node, int]]:
+    """(op nodes in execution order, their 1-based positions, each node's last reader's position, the same
+    looking through the ``getitem`` nodes of its outputs): a gradient handed to its sink counts as read to
+    the step's end."""
     order = [n for n in gm.graph.nodes if n.op == "call_function"]
     position = {n: i + 1 for i, n in enumerate(order)}
     end = len(order) + 2
@@ -599,7 +596,8 @@ def _step_positions(
         )
         for n in gm.graph.nodes
     }
-    return order, position, last_use
+    alive_until = {n: _alive_until(n, last_use) if n in position else last_use[n] for n in gm.graph.nodes}
+    return order, position, last_use, alive_until
 
 
 def _step_candidates(

@@ -12,7 +12,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 import autoshard
 from runtime.local_inputs import input_slices, mesh_coordinate, part_of
-from runtime.plan_checks import PlanMismatch
+from runtime.plan_checks import PlanMismatch, input_placements
 from strategies.plan.planner import PlanRequest, plan_model
 
 
@@ -56,13 +56,14 @@ def test_a_plan_says_which_part_of_the_batch_each_rank_loads() -> None:
     ).plan
     assert plan["inputs"][0] == ["S(0)", "S(0)"]  # DDP: the batch over every device
     shapes = [(64, 1024), (64, 1024)]
-    assert input_slices(plan, shapes, [1, 0])[0] == (slice(32, 48), slice(0, 1024))
+    placements = input_placements(plan, len(shapes))
+    assert input_slices(placements, shapes, (2, 2), [1, 0])[0] == (slice(32, 48), slice(0, 1024))
     example = [torch.zeros(shape) for shape in shapes]
     assert [autoshard.Plan(plan).input_slices(rank, example)[1][0] for rank in range(4)] == [
         slice(16 * rank, 16 * rank + 16) for rank in range(4)
     ]
-    with pytest.raises(PlanMismatch, match="the plan places 2 inputs, the step takes 1"):
-        input_slices(plan, shapes[:1], [0, 0])
+    with pytest.raises(PlanMismatch, match="the plan places 2 inputs, the model takes 1"):
+        autoshard.Plan(plan).input_slices(0, example[:1])
 
 
 def _local_and_global(plan: dict[str, Any]) -> tuple[float, float, float]:
