@@ -3,8 +3,10 @@ plan, and train in your own loop.
 
     import autoshard
 
+    with autoshard.meta_init():                                          # no memory, no initialisation
+        model = MyModel()
     plan = autoshard.plan(model, example_inputs, mesh, memory_gib=80)   # every rank gets rank 0's plan
-    step = autoshard.apply(model, plan, mesh, example_inputs)            # parameters become DTensors
+    step = autoshard.apply(model, plan, mesh, example_inputs)            # each rank makes its own shards
     optimizer = torch.optim.AdamW(model.parameters())
     loss = step(batch).loss; optimizer.step()
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from autoshard.api import Plan, apply, export_graph, load_plan, plan
 from runtime.apply import AppliedPlan
+from runtime.parameter_shards import meta_parameters as meta_init
 from runtime.plan_checks import PlanMismatch
 from service.client import AutoshardClient as Client
 from service.client import ServiceError
@@ -32,5 +35,6 @@ __all__ = [
     "apply",
     "export_graph",
     "load_plan",
+    "meta_init",
     "plan",
 ]

@@ -168,6 +168,9 @@ def apply(
     example_inputs: Any,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     graph: Mapping[str, Any] | None = None,
+    *,
+    init: Callable[[nn.Module], None] | None = None,
+    weights: str | Path | None = None,
 ) -> AppliedPlan:
     """Apply ``plan`` to ``module`` on ``mesh`` (a ``DeviceMesh`` of the plan's shape, on every rank): the
     module's parameters become DTensors in their planned placements (its ``parameters()`` and state dict
@@ -176,14 +179,22 @@ def apply(
     forward + backward as planned and leaves each gradient in its parameter's ``.grad``. Raises
     :class:`~runtime.plan_checks.PlanMismatch` for a plan made for another model or mesh. A plan made from
     the graph document of a short capture (a few layers standing for the stack, ``total_layers``) needs that
-    ``graph``: every layer of the module then runs as the captured layer standing for it."""
+    ``graph``: every layer of the module then runs as the captured layer standing for it.
+
+    A module built under :func:`meta_init` (its parameters on the meta device) is never made whole: each
+    rank makes only its own shards, either by the module's own initialisation (``init(submodule)`` for each
+    submodule, children first, as ``module.apply(init)`` visits them; default each submodule's
+    ``reset_parameters()``), drawing from torch's random state as one process would (seed every rank alike
+    first: the whole then equals that one-process model), or by reading only its own slices of ``weights``
+    (a ``torch.distributed.checkpoint`` directory, a safetensors file, or a directory of safetensors files
+    with a Hugging Face ``model.safetensors.index.json``)."""
     document = plan.document if isinstance(plan, Plan) else dict(plan)
     short = None
     if graph is not None:
         from strategies.graph.imported import load_graph
 
         short = load_graph(dict(graph)).graph
-    return apply_plan(module, document, mesh, example_inputs, loss_fn, short_graph=short)
+    return apply_plan(module, document, mesh, example_inputs, loss_fn, short, init, weights)
 
 
 def _request_fields(

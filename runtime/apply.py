@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from runtime.full_depth import expand_plan
+from runtime.parameter_shards import Initialiser, place_parameters
 from runtime.plan_checks import PlanMismatch, check_plan
 from runtime.planned_step import PlannedStep, StepResult
 from strategies.graph.capture import JointGraph, input_tensors
@@ -73,6 +75,8 @@ def apply_plan(
     example_inputs: Any,
     loss_fn: Any = None,
     short_graph: JointGraph | None = None,
+    init: Initialiser | None = None,
+    weights: str | Path | None = None,
 ) -> AppliedPlan:
     """Apply ``plan`` to ``module`` on ``mesh``: capture its training step on ``example_inputs`` as the
     planner did (``loss_fn`` as for planning), refuse a plan made for another model or mesh
@@ -80,7 +84,12 @@ def apply_plan(
     (tied names share one), so the module's state dict is the sharded one. A mixed-precision plan
     (``request.compute_dtype``) computes on copies of the parameters in that dtype, as it was planned. A
     plan made from a short capture of a deep model needs that capture (``short_graph``): every layer then
-    runs as the layer standing for it (:mod:`runtime.full_depth`)."""
+    runs as the layer standing for it (:mod:`runtime.full_depth`).
+
+    A module built on the meta device (``autoshard.meta_init()``) is never made whole: each rank makes its
+    own shards, initialised by ``init`` (one submodule at a time; default ``reset_parameters()``) from the
+    current random state, or read from ``weights`` (a ``torch.distributed.checkpoint`` directory or
+    safetensors files) (:mod:`runtime.parameter_shards`)."""
     from runtime.device_attention import register_for
     from strategies.graph.passes import capture_for_planning
     from strategies.ops.dtensor_bridge import register_with_dtensor
@@ -94,9 +103,5 @@ def apply_plan(
             raise PlanMismatch(f"plan: made from a short capture (layers {plan['layers']}); pass short_graph")
         plan = expand_plan(plan, short_graph, graph)
     step = PlannedStep(graph, plan, mesh)
-    parameters = step.distribute_parameters(dict(module.named_parameters()))
-    for name, parameter in parameters.items():
-        for alias in (name, *graph.tied.get(name, ())):
-            owner, _, leaf = alias.rpartition(".")
-            setattr(module.get_submodule(owner), leaf, parameter)
+    parameters = place_parameters(module, graph, step.parameter_placements, mesh, init, weights)
     return AppliedPlan(step, parameters, dict(module.named_buffers()))

@@ -24,9 +24,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from runtime.one_process import CheckFailed
+from runtime.parameter_shards import open_weights
 from runtime.plan_checks import PlanMismatch, check_plan
 from runtime.planned_step import OpFailed
-from runtime.worker import CheckFailed, RunOptions, check_world, load_plan, model_mismatch
+from runtime.run_setup import RunOptions, check_world, load_plan, model_mismatch
 
 #: Exit codes of `autoshard run`.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -54,6 +56,11 @@ def check_before_start(options: RunOptions, nproc: int | None) -> int:
     check_model_builds(plan, options.model)
     if options.load and not (Path(options.load) / ".metadata").is_file():
         raise PlanMismatch(f"--load: {options.load} holds no checkpoint")
+    if options.weights:
+        try:
+            open_weights(options.weights)
+        except (ValueError, OSError) as error:
+            raise PlanMismatch(f"--weights: {error}") from None
     if options.backend not in ("gloo", "nccl"):
         raise PlanMismatch(f"--backend: unknown backend {options.backend!r}; choose gloo or nccl")
     if options.device not in ("cpu", "cuda"):

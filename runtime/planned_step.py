@@ -34,11 +34,12 @@ from typing import Any
 import torch
 from torch import fx
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from runtime import random_ops, recomputation
 from runtime.local_inputs import input_slices
+from runtime.parameter_shards import local_part
 from runtime.plan_checks import (
     Placements,
     PlanMismatch,
@@ -190,21 +191,10 @@ class PlannedStep:
             key for key, placements in wanted.items() if len(placements) == 1 and key[0].op != "placeholder"
         }
 
-    def distribute_parameters(self, parameters: Mapping[str, torch.Tensor]) -> dict[str, torch.nn.Parameter]:
-        """Each parameter as a DTensor parameter with its planned placements (from the full tensor every rank
-        holds)."""
-        return {
-            name: torch.nn.Parameter(
-                _local_part(parameters[name].detach(), self.mesh, self.parameter_placements[name]),
-                requires_grad=parameters[name].requires_grad,
-            )
-            for name in self.graph.parameters
-        }
-
     def distribute_inputs(self, inputs: Sequence[torch.Tensor]) -> list[DTensor]:
         """The step's tensor inputs in their planned placements."""
         return [
-            _local_part(x, self.mesh, placements)
+            local_part(x, self.mesh, placements)
             for x, placements in zip(inputs, self.input_placements, strict=True)
         ]
 
@@ -436,9 +426,3 @@ def _call(op: Any, args: Any, kwargs: dict[str, Any]) -> Any:
             local, held.device_mesh, held.placements, run_check=False, shape=held.shape, stride=held.stride()
         )
         return op(packed, *args[1:], **kwargs)
-
-
-def _local_part(full: torch.Tensor, mesh: DeviceMesh, placements: Placements) -> DTensor:
-    """The DTensor of a tensor every rank holds whole and alike: each rank keeps its own part, no data moves
-    (``src_data_rank=None``)."""
-    return distribute_tensor(full, mesh, placements, src_data_rank=None)

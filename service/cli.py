@@ -342,8 +342,22 @@ def run_command(
         Path | None, typer.Option(help="write a sharded checkpoint here after the last step")
     ] = None,
     load: Annotated[Path | None, typer.Option(help="start from a sharded checkpoint (of any plan)")] = None,
+    meta_init: Annotated[
+        bool,
+        typer.Option(
+            "--meta-init",
+            help="build on the meta device: each rank initialises only its own shards (from --seed)",
+        ),
+    ] = False,
+    weights: Annotated[
+        Path | None,
+        typer.Option(help="each rank reads only its own shards of these weights (DCP folder or safetensors)"),
+    ] = None,
 ) -> None:
     """Apply a plan with DTensor on N ranks and train; inside `torchrun`, run as one of its ranks.
+
+    With --meta-init or --weights no rank ever holds the whole model; --check then runs the one-process
+    model in a process of its own on the first rank's host.
 
     Prints the report (loss per step, step time, collectives measured vs predicted); exit 0, 1 when a rank
     failed or --check found a difference (naming the tensor), 2 for bad input (a plan for another model,
@@ -369,6 +383,8 @@ def run_command(
         seed=seed,
         device=device,
         backend=backend,
+        meta_init=meta_init,
+        weights=None if weights is None else str(weights.resolve()),
     )
     try:
         result = run(options, nproc)

@@ -110,6 +110,11 @@ class MoE(nn.Module):
         self.w1 = nn.Parameter(torch.empty(e, d, h))
         self.w2 = nn.Parameter(torch.empty(e, h, d))
         self.w3 = nn.Parameter(torch.empty(e, d, h))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The experts' weights (the router is its own ``nn.Linear``): normal, std ``1/sqrt(fan_in)``."""
+        d, h = self.config.dim, self.config.ffn_dim
         for w, fan_in in ((self.w1, d), (self.w2, h), (self.w3, d)):
             nn.init.normal_(w, std=fan_in**-0.5)
 

@@ -94,8 +94,10 @@ def run_plans(model: str, plans: dict[str, dict[str, Any]]) -> dict[str, str]:
     once, and each plan's step run on it and compared with one process (loss and every gradient); per plan
     ``"ok"`` or what failed (an exception, an op outside its planned placements)."""
     from runtime.device_attention import register_for
+    from runtime.one_process import Reference
+    from runtime.parameter_shards import local_part
     from runtime.planned_step import PlannedStep
-    from runtime.worker import Reference, device_mesh
+    from runtime.worker import device_mesh
     from strategies.graph.capture import input_tensors
     from strategies.graph.passes import capture_for_planning
     from strategies.plan.planner import build_request_model
@@ -114,7 +116,10 @@ def run_plans(model: str, plans: dict[str, dict[str, Any]]) -> dict[str, str]:
     for name, plan in plans.items():
         try:
             step = PlannedStep(graph, plan, mesh)
-            parameters = step.distribute_parameters(dict(spec.module.named_parameters()))
+            parameters = {
+                name: torch.nn.Parameter(local_part(held.detach(), mesh, step.parameter_placements[name]))
+                for name, held in spec.module.named_parameters()
+            }
             result = step(parameters, dict(spec.module.named_buffers()), step.distribute_inputs(inputs))
             reference.step(result)
             outcomes[name] = f"deviations {result.deviations}" if result.deviations else "ok"

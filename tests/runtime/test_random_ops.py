@@ -17,8 +17,9 @@ import torch
 from torch import fx
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from runtime.one_process import CheckFailed, compare, naming_randomness
 from runtime.random_ops import draws_random, run_whole
-from runtime.worker import CheckFailed, Reference, RunOptions, _compare, device_mesh, run_rank
+from runtime.worker import RunOptions, device_mesh, run_rank
 from strategies.placement import parse_spec, to_dtensor
 from strategies.plan.planner import PlanRequest, plan_model
 
@@ -101,9 +102,8 @@ def test_which_ops_draw() -> None:
 
 
 def test_a_check_failing_on_a_step_with_random_ops_says_so() -> None:
-    reference = Reference(torch.nn.Linear(2, 2), None, random_ops={"aten.bernoulli_.float": 7})
-    with pytest.raises(CheckFailed) as failed, reference._naming_randomness():
-        _compare("loss", torch.tensor(1.0), torch.tensor(2.0))
+    with pytest.raises(CheckFailed) as failed, naming_randomness({"aten.bernoulli_.float": 7}):
+        compare("loss", torch.tensor(1.0), torch.tensor(2.0))
     message = str(failed.value)
     assert message.startswith("loss differs from one process")
     assert "random numbers (7 aten.bernoulli_.float)" in message and "\n" not in message

@@ -1,0 +1,186 @@
+"""Each rank makes only its own shards: a model built on the meta device is initialised piece by piece as one
+process would initialise it whole, or reads its pieces of weights on disk (safetensors, a DCP checkpoint
+written under another plan); a run built so checks itself against one process run in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from runtime.apply import apply_plan
+from runtime.parameter_shards import meta_parameters, place_parameters
+from runtime.run_setup import RunOptions, build_run_model, load_plan
+from runtime.worker import device_mesh, run_rank
+from tests.runtime.test_planned_step import MODELS, write_plan
+
+
+def _applied(options: RunOptions, weights: str | None = None) -> dict[str, torch.Tensor]:
+    """The plan applied to the model ``options`` build (sharded or not), every parameter made whole."""
+    plan = load_plan(options.plan)
+    mesh = device_mesh("cpu", tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
+    spec, short = build_run_model(options, plan)
+    applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn, short, weights=weights)
+    return {name: parameter.full_tensor() for name, parameter in applied.parameters.items()}
+
+
+def _whole(options: RunOptions) -> dict[str, torch.Tensor]:
+    spec, _ = build_run_model(options, load_plan(options.plan), whole=True)
+    return {name: parameter.detach() for name, parameter in spec.module.named_parameters()}
+
+
+def _differing(options: RunOptions, weights: str | None = None) -> list[str]:
+    """On a rank: the parameters whose sharded build differs, bit for bit, from the whole one."""
+    made, whole = _applied(options, weights), _whole(options)
+    assert set(made) == set(whole), (sorted(made), sorted(whole))
+    return [name for name in made if not torch.equal(made[name], whole[name])]
+
+
+@pytest.mark.parametrize(("name", "mesh", "layout"), [("gpt", "2x2", "fsdp_tp"), ("deep", "4", "megatron")])
+def test_shards_made_on_each_rank_equal_the_model_one_process_builds_bit_for_bit(
+    ranks, tmp_path, name, mesh, layout
+) -> None:
+    plan = write_plan(tmp_path, name, mesh, layout)  # the GPT ties its head to its embedding
+    options = RunOptions(model=MODELS[name][0], plan=str(plan), meta_init=True, seed=3)
+    assert ranks.run(_differing, options) == [[]] * 4
+
+
+def test_a_run_built_on_the_meta_device_trains_as_the_whole_build_and_checks_in_a_process_of_its_own(
+    ranks, tmp_path
+) -> None:
+    plan = write_plan(tmp_path, "gpt", "2x2", "fsdp_tp")
+    common = {"model": "gpt2-small", "plan": str(plan), "steps": 2, "optimizer": "adamw", "lr": 1e-3}
+    whole = ranks.run(run_rank, RunOptions(**common))
+    sharded = ranks.run(run_rank, RunOptions(**common, meta_init=True, check=True))
+    for report in (*whole, *sharded):
+        assert isinstance(report, dict), report
+    assert sharded[0]["checked"] and sharded[0]["deviations"] == []
+    assert sharded[0]["loss"] == whole[0]["loss"]  # the same weights, the same steps
+    assert not list(Path(tempfile.gettempdir()).glob("autoshard-reference-*/*"))  # removed once compared
+    assert len(sharded[0]["memory"]["max_rss_bytes_per_rank"]) == 4
+
+
+def _checks_a_changed_weight(path: str, options: RunOptions) -> str:
+    """On a rank: the check's message when one weight of the one-process file is off by one."""
+    from safetensors.torch import save_file
+
+    from runtime.one_process import CheckFailed, FileReference
+
+    plan = load_plan(options.plan)
+    mesh = device_mesh("cpu", tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
+    spec, _ = build_run_model(options, plan)
+    applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
+    held = {f"param.{name}": value.full_tensor() for name, value in applied.parameters.items()}
+    held["param.layers.1.mlp.c_fc.bias"] = held["param.layers.1.mlp.c_fc.bias"] + 1
+    if torch.distributed.get_rank() == 0:
+        scales = {f"scale.{key}": value.abs().max().double().reshape(1) for key, value in held.items()}
+        save_file({**held, **scales}, path)
+    torch.distributed.barrier()
+    try:
+        FileReference(Path(path), torch.float32).compare_parameters(
+            applied.parameters, RunOptions(model="", plan="", steps=0)
+        )
+    except CheckFailed as error:
+        return str(error)
+    return "passed"
+
+
+def test_each_rank_compares_its_own_shards_and_names_the_one_that_differs(ranks, tmp_path) -> None:
+    plan = write_plan(tmp_path, "gpt", "2x2", "fsdp_tp")
+    options = RunOptions(model="gpt2-small", plan=str(plan), meta_init=True)
+    said = ranks.run(_checks_a_changed_weight, str(tmp_path / "changed.safetensors"), options)
+    assert all(m.startswith("layers.1.mlp.c_fc.bias after 0 steps differs from one process") for m in said), (
+        said
+    )
+
+
+def _saves_state(directory: str, options: RunOptions) -> None:
+    """On a rank: the planned model's own state dict, saved with DCP."""
+    import torch.distributed.checkpoint as dcp
+
+    plan = load_plan(options.plan)
+    mesh = device_mesh("cpu", tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
+    spec, _ = build_run_model(options, plan)
+    apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
+    dcp.save(spec.module.state_dict(), checkpoint_id=directory)
+
+
+def test_weights_are_read_into_the_planned_placements_from_safetensors_and_from_dcp(ranks, tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    fsdp_tp, megatron = (
+        write_plan(tmp_path, "gpt", "2x2", "fsdp_tp"),
+        write_plan(tmp_path, "gpt", "4", "megatron"),
+    )
+    seeded = RunOptions(model="gpt2-small", plan=str(fsdp_tp), seed=7)
+    whole = _whole(seeded)
+    # Hugging Face's layout: two files and an index; the tied head is stored once, under the embedding's name
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    names = sorted(name for name in whole if name != "lm_head.weight")
+    halves = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
+    for file, part in halves.items():
+        save_file({name: whole[name].contiguous() for name in part}, str(folder / file))
+    index = {"weight_map": {name: file for file, part in halves.items() for name in part}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+    reading = RunOptions(model="gpt2-small", plan=str(megatron), seed=0, weights=str(folder))
+    assert ranks.run(_read_equals, reading, str(folder), whole) == [True] * 4
+    # a DCP checkpoint of the state under one plan, read under another
+    ranks.run(_saves_state, str(tmp_path / "dcp"), seeded)
+    reading = RunOptions(model="gpt2-small", plan=str(megatron), seed=0, weights=str(tmp_path / "dcp"))
+    assert ranks.run(_read_equals, reading, str(tmp_path / "dcp"), whole) == [True] * 4
+
+
+def _read_equals(options: RunOptions, weights: str, whole: dict[str, torch.Tensor]) -> bool:
+    made = _applied(options, weights)
+    return set(made) == set(whole) and all(torch.equal(made[name], whole[name]) for name in made)
+
+
+def test_a_run_reads_its_weights_and_checks_against_one_process_reading_them_whole(ranks, tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    plan = write_plan(tmp_path, "gpt", "2x2", "fsdp_tp")
+    weights = _whole(RunOptions(model="gpt2-small", plan=str(plan), seed=11))
+    save_file(
+        {k: v.contiguous() for k, v in weights.items() if k != "lm_head.weight"},
+        str(tmp_path / "w.safetensors"),
+    )
+    options = RunOptions(
+        model="gpt2-small", plan=str(plan), weights=str(tmp_path / "w.safetensors"), check=True, steps=1
+    )
+    reports = ranks.run(run_rank, options)
+    assert all(isinstance(report, dict) and report["checked"] for report in reports), reports
+
+
+class _NoReset(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(4))
+
+
+def _one_parameter_graph(module: nn.Module) -> Any:
+    return SimpleNamespace(parameters={name: None for name, _ in module.named_parameters()}, tied={})
+
+
+def test_what_cannot_be_made_on_a_rank_is_refused_naming_it() -> None:
+    with meta_parameters():
+        module = nn.Sequential(_NoReset(), nn.Linear(4, 4))
+    assert module[0].scale.is_meta and module[1].weight.is_meta
+    with pytest.raises(
+        ValueError, match=r"parameter 0\.scale is on the meta device and _NoReset has no reset"
+    ):
+        place_parameters(module, _one_parameter_graph(module), {}, None)  # type: ignore[arg-type]
+    with torch.device("meta"):  # everything on meta: the buffer its constructor computed is gone
+        normed = nn.BatchNorm1d(4)
+    with pytest.raises(
+        ValueError, match=r"buffer running_mean \(BatchNorm1d\) is on the meta device.*meta_init"
+    ):
+        place_parameters(normed, _one_parameter_graph(normed), {}, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"neither a torch\.distributed\.checkpoint directory"):
+        place_parameters(normed, _one_parameter_graph(normed), {}, None, weights="/nonexistent")  # type: ignore[arg-type]
