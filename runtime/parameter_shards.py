@@ -34,6 +34,8 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from runtime.local_inputs import part_of
 from runtime.plan_checks import Placements, PlanMismatch
+from runtime.safetensors_slices import Entry, entries
+from runtime.safetensors_slices import read as read_slice
 from strategies.graph.capture import JointGraph
 
 Initialiser = Callable[[nn.Module], None]
@@ -262,18 +264,16 @@ def open_weights(path: str | Path) -> Weights:
 
 
 class SafetensorsWeights(Weights):
-    """Safetensors files: each tensor's slices read from the mapped file, nothing else."""
+    """Safetensors files: each tensor's slices read by rows (:mod:`runtime.safetensors_slices`), nothing
+    else held."""
 
     def __init__(self, files: list[Path]) -> None:
-        from safetensors import safe_open
-
-        self.file_of: dict[str, Path] = {}
+        self.found: dict[str, tuple[Path, Entry]] = {}
         for file in files:
-            with safe_open(str(file), framework="pt") as handle:
-                self.file_of.update(dict.fromkeys(handle.keys(), file))
+            self.found.update({name: (file, entry) for name, entry in entries(file).items()})
 
     def has(self, name: str) -> bool:
-        return name in self.file_of
+        return name in self.found
 
     def read(
         self,
@@ -283,44 +283,39 @@ class SafetensorsWeights(Weights):
         mesh: DeviceMesh,
         placements: Placements,
     ) -> DTensor:
-        from safetensors import safe_open
-
-        key = next((n for n in (name, *aliases) if n in self.file_of), None)
-        if key is None:
-            held = ", ".join(sorted(self.file_of)[:5])
-            raise ValueError(f"weights: no tensor {name} in the safetensors files (they hold {held}, ...)")
-        with safe_open(str(self.file_of[key]), framework="pt") as handle:  # mapped: only the slice is read
-            sliced = handle.get_slice(key)
-            if list(sliced.get_shape()) != list(whole.shape):
-                raise ValueError(
-                    f"weights: {key} has shape {sliced.get_shape()} on disk, the model's {list(whole.shape)}"
-                )
-            part = sliced[_slices(whole.shape, mesh, placements)]
+        file, entry = self._entry(name, aliases, whole)
+        part = read_slice(file, entry, _slices(whole.shape, mesh, placements))
         local = part.to(device=mesh.device_type, dtype=whole.dtype).contiguous()
         return _from_local(local, whole, mesh, placements)
 
-    def fill_whole(self, module: nn.Module) -> None:
-        from safetensors import safe_open
+    def _entry(
+        self, name: str, aliases: tuple[str, ...] | list[str], whole: torch.Tensor
+    ) -> tuple[Path, Entry]:
+        key = next((n for n in (name, *aliases) if n in self.found), None)
+        if key is None:
+            held = ", ".join(sorted(self.found)[:5])
+            raise ValueError(f"weights: no tensor {name} in the safetensors files (they hold {held}, ...)")
+        file, entry = self.found[key]
+        if list(entry.shape) != list(whole.shape):
+            raise ValueError(
+                f"weights: {key} has shape {list(entry.shape)} on disk, the model's {list(whole.shape)}"
+            )
+        return file, entry
 
+    def fill_whole(self, module: nn.Module) -> None:
         with torch.no_grad():
             for names, tensor, required in _tensors_by_names(module):
-                key = next((n for n in names if n in self.file_of), None)
-                if key is None and required:
-                    raise ValueError(f"weights: no tensor {names[0]} in the safetensors files")
-                if key is not None:
-                    with safe_open(str(self.file_of[key]), framework="pt") as handle:
-                        tensor.copy_(handle.get_tensor(key))
+                if required or any(name in self.found for name in names):
+                    file, entry = self._entry(names[0], names[1:], tensor)
+                    tensor.copy_(read_slice(file, entry))
 
     def finish(self, module: nn.Module) -> None:
         """Persistent buffers the files hold (replicated: read whole)."""
-        from safetensors import safe_open
-
         for name, buffer in module.named_buffers():
-            if name in self.file_of:
+            if name in self.found:
                 owner, _, leaf = name.rpartition(".")
-                with safe_open(str(self.file_of[name]), framework="pt") as handle:
-                    value = handle.get_tensor(name).to(dtype=buffer.dtype)
-                module.get_submodule(owner)._buffers[leaf] = value
+                file, entry = self._entry(name, (), buffer)
+                module.get_submodule(owner)._buffers[leaf] = read_slice(file, entry).to(dtype=buffer.dtype)
 
 
 class CheckpointWeights(Weights):

@@ -184,3 +184,47 @@ def test_what_cannot_be_made_on_a_rank_is_refused_naming_it() -> None:
         place_parameters(normed, _one_parameter_graph(normed), {}, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"neither a torch\.distributed\.checkpoint directory"):
         place_parameters(normed, _one_parameter_graph(normed), {}, None, weights="/nonexistent")  # type: ignore[arg-type]
+
+
+def test_tensors_are_compared_piece_by_piece_with_the_whole_tensors_scale(monkeypatch) -> None:
+    from runtime import one_process
+    from runtime.one_process import CheckFailed, compare
+
+    monkeypatch.setattr(one_process, "COMPARED_AT_ONCE", 3)  # 10 elements in 4 pieces
+    expected = torch.arange(10, dtype=torch.float32)
+    compare("x", expected + 1e-4, expected)  # within 1e-5 + 1e-4 x 9
+    with pytest.raises(CheckFailed, match=r"largest difference 0\.5 \(allowed 0\.00091"):
+        compare("x", expected + torch.tensor([0.0] * 9 + [0.5]), expected)  # the last piece
+    with pytest.raises(CheckFailed, match="largest difference nan"):
+        compare("x", expected.clone().index_fill_(0, torch.tensor([4]), float("nan")), expected)
+    # a slice compared with the whole tensor's scale: 0.1 off is within 1e-4 x 1000
+    compare("x", expected[:2] + 0.05, expected[:2], scale=1000.0)
+
+
+def test_slices_are_read_from_safetensors_by_blocks_of_rows_exactly(tmp_path, monkeypatch) -> None:
+    from safetensors.torch import save_file
+
+    from runtime import safetensors_slices
+    from runtime.safetensors_slices import entries, read
+
+    tensors = {
+        "table": torch.randn(37, 11, dtype=torch.bfloat16),
+        "cube": torch.randn(5, 6, 7),
+        "ids": torch.arange(9, dtype=torch.int64),
+        "scale": torch.tensor(2.5, dtype=torch.float64),
+    }
+    save_file(tensors, str(tmp_path / "t.safetensors"))
+    monkeypatch.setattr(safetensors_slices, "BLOCK_BYTES", 50)  # a block of two or three rows
+    held = entries(tmp_path / "t.safetensors")
+    assert {name: (entry.dtype, entry.shape) for name, entry in held.items()} == {
+        name: (value.dtype, tuple(value.shape)) for name, value in tensors.items()
+    }
+    cuts = {
+        "table": (slice(3, 30), slice(5, 11)),  # a column shard: whole rows read, columns kept
+        "cube": (slice(1, 5), slice(0, 3), slice(2, 7)),
+        "ids": (slice(4, 4),),  # an empty piece (uneven sharding)
+    }
+    for name, cut in cuts.items():
+        assert torch.equal(read(tmp_path / "t.safetensors", held[name], cut), tensors[name][cut]), name
+    for name, value in tensors.items():
+        assert torch.equal(read(tmp_path / "t.safetensors", held[name]), value), name
