@@ -1,7 +1,7 @@
-"""The example launcher (`examples/train.py`) as a user runs it: 10 steps under `torchrun` on 4 gloo ranks from
-meta-device initialisation with a plan solved in the job, a sharded checkpoint, then 10 more steps resumed from
-it under another plan fetched from a running `autoshard serve`; the 20 losses are those of the same training on
-one process in plain PyTorch."""
+"""The example launcher (`examples/train.py`) as a user runs it: 10 steps under `torchrun` on 4 gloo ranks
+from meta-device initialisation with a plan solved in the job, a sharded checkpoint, then 10 more steps
+resumed from it under another plan fetched from a running `autoshard serve`; the 20 losses are those of the
+same training on one process in plain PyTorch."""
 
 from __future__ import annotations
 

@@ -85,10 +85,21 @@ def test_a_plan_from_a_launchers_graph_runs_on_the_launchers_module(tmp_path: Pa
 
 
 def test_run_is_a_rank_of_torchrun(pair_plan: Path) -> None:
+    """Built on the meta device: each rank makes its own shards, and the check's one-process run is a
+    process rank 0 starts."""
     launcher = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
-    run = command("run", "--model", "mlp", "--plan", str(pair_plan), "--check", launcher=launcher)
+    run = command(
+        "run", "--model", "mlp", "--plan", str(pair_plan), "--meta-init", "--check", launcher=launcher
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.count("collectives: as planned") == 1  # rank 0 prints the report
+    assert "check: loss, gradients and parameters equal one process" in run.stdout
+
+
+def test_weights_that_are_not_there_exit_2_before_any_rank_starts(mlp_plan: Path, tmp_path: Path) -> None:
+    run = command("run", "--model", "mlp", "--plan", str(mlp_plan), "--weights", str(tmp_path / "none"))
+    assert run.returncode == 2
+    assert run.stderr.strip().startswith(f"autoshard: --weights: weights: {tmp_path / 'none'} is neither")
 
 
 def test_a_plan_for_another_model_exits_2_naming_it_before_any_rank_starts(mlp_plan: Path) -> None:
