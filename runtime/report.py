@@ -70,4 +70,7 @@ def _memory_line(memory: dict[str, Any]) -> str:
     predicted = memory["predicted_peak_bytes"]
     if predicted:
         text += f", plan {bytes_text(predicted)} ({100 * memory['largest_over_predicted']:.0f}%)"
+    resident = memory.get("max_rss_bytes_per_rank")
+    if resident:  # the whole process: Python, torch, transients the tensor count leaves out
+        text += f"; largest resident set of a rank {bytes_text(max(resident))}"
     return text

@@ -51,21 +51,6 @@ def test_shards_made_on_each_rank_equal_the_model_one_process_builds_bit_for_bit
     assert ranks.run(_differing, options) == [[]] * 4
 
 
-def test_a_run_built_on_the_meta_device_trains_as_the_whole_build_and_checks_in_a_process_of_its_own(
-    ranks, tmp_path
-) -> None:
-    plan = write_plan(tmp_path, "gpt", "2x2", "fsdp_tp")
-    common = {"model": "gpt2-small", "plan": str(plan), "steps": 2, "optimizer": "adamw", "lr": 1e-3}
-    whole = ranks.run(run_rank, RunOptions(**common))
-    sharded = ranks.run(run_rank, RunOptions(**common, meta_init=True, check=True))
-    for report in (*whole, *sharded):
-        assert isinstance(report, dict), report
-    assert sharded[0]["checked"] and sharded[0]["deviations"] == []
-    assert sharded[0]["loss"] == whole[0]["loss"]  # the same weights, the same steps
-    assert not list(Path(tempfile.gettempdir()).glob("autoshard-reference-*/*"))  # removed once compared
-    assert len(sharded[0]["memory"]["max_rss_bytes_per_rank"]) == 4
-
-
 def _checks_a_changed_weight(path: str, options: RunOptions) -> str:
     """On a rank: the check's message when one weight of the one-process file is off by one."""
     from safetensors.torch import save_file
@@ -142,20 +127,34 @@ def _read_equals(options: RunOptions, weights: str, whole: dict[str, torch.Tenso
     return set(made) == set(whole) and all(torch.equal(made[name], whole[name]) for name in made)
 
 
-def test_a_run_reads_its_weights_and_checks_against_one_process_reading_them_whole(ranks, tmp_path) -> None:
+def test_a_run_reading_its_weights_trains_as_the_whole_build_and_checks_in_a_process_of_its_own(
+    ranks, tmp_path
+) -> None:
+    """The whole build's weights saved as safetensors (the tied head under the embedding's name only), then
+    read by each rank into its own shards: the same two AdamW steps as the whole build, checked against one
+    process that rank 0 ran in a process of its own (`--meta-init` takes that path too)."""
     from safetensors.torch import save_file
 
     plan = write_plan(tmp_path, "gpt", "2x2", "fsdp_tp")
-    weights = _whole(RunOptions(model="gpt2-small", plan=str(plan), seed=11))
-    save_file(
-        {k: v.contiguous() for k, v in weights.items() if k != "lm_head.weight"},
-        str(tmp_path / "w.safetensors"),
-    )
-    options = RunOptions(
-        model="gpt2-small", plan=str(plan), weights=str(tmp_path / "w.safetensors"), check=True, steps=1
-    )
-    reports = ranks.run(run_rank, options)
-    assert all(isinstance(report, dict) and report["checked"] for report in reports), reports
+    common = {
+        "model": "gpt2-small",
+        "plan": str(plan),
+        "steps": 2,
+        "optimizer": "adamw",
+        "lr": 1e-3,
+        "seed": 11,
+    }
+    weights = _whole(RunOptions(**common))
+    stored = {name: value.contiguous() for name, value in weights.items() if name != "lm_head.weight"}
+    save_file(stored, str(tmp_path / "w.safetensors"))
+    whole = ranks.run(run_rank, RunOptions(**common))
+    read = ranks.run(run_rank, RunOptions(**common, weights=str(tmp_path / "w.safetensors"), check=True))
+    for report in (*whole, *read):
+        assert isinstance(report, dict), report
+    assert read[0]["checked"] and read[0]["deviations"] == []
+    assert read[0]["loss"] == whole[0]["loss"]  # the same weights, the same steps
+    assert not list(Path(tempfile.gettempdir()).glob("autoshard-reference-*/*"))  # removed once compared
+    assert len(read[0]["memory"]["max_rss_bytes_per_rank"]) == 4
 
 
 class _NoReset(nn.Module):
