@@ -210,7 +210,7 @@ def train_one_process(args: Any) -> list[float]:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(loss.item())
         print(f"step {index}: loss {losses[-1]:.4f} lr {scheduler.get_last_lr()[0]:.2e}", flush=True)
     return losses
 

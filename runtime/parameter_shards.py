@@ -13,7 +13,8 @@ visits them), each parameter placed the first time it is met (a tied one once, u
   never the model; every rank draws every number, so this costs the whole model's initialisation time;
 - **weights on disk**: a ``torch.distributed.checkpoint`` directory (DCP reads each rank's pieces only) or a
   safetensors file, or a directory of them with a Hugging Face ``model.safetensors.index.json``: each rank
-  reads the bytes of its own slices (safetensors maps the file and copies the slice).
+  reads only the rows that hold its slices, a block at a time, and keeps its slice
+  (:mod:`runtime.safetensors_slices`).
 
 Each rank's part is the one DTensor holds for the placements (:func:`runtime.local_inputs.part_of`:
 DTensor's own cut).
@@ -94,7 +95,9 @@ def place_parameters(
             if source is None:
                 local = local_part(whole.detach(), mesh, placements[name])
             else:
-                local = source.read(name, graph.tied.get(name, ()), whole, mesh, placements[name])
+                names = (name, *graph.tied.get(name, ()))
+                part = source.read(names, whole, _slices(whole.shape, mesh, placements[name]))
+                local = _from_local(part.to(mesh.device_type).contiguous(), whole, mesh, placements[name])
             placed[name] = nn.Parameter(local, requires_grad=parameter.requires_grad)
         for leaf, parameter in submodule._parameters.items():
             if parameter is not None:
@@ -220,16 +223,9 @@ class Weights:
     def has(self, name: str) -> bool:
         raise NotImplementedError
 
-    def read(
-        self,
-        name: str,
-        aliases: tuple[str, ...] | list[str],
-        whole: torch.Tensor,
-        mesh: DeviceMesh,
-        placements: Placements,
-    ) -> DTensor:
-        """Parameter ``name`` (or the same tensor under one of its ``aliases``) in ``placements``, as
-        ``whole`` (its meta or full tensor) says its shape and dtype are."""
+    def read(self, names: tuple[str, ...], whole: torch.Tensor, slices: tuple[slice, ...]) -> torch.Tensor:
+        """This rank's part (``slices``) of the parameter of these ``names`` (its first, then the others it
+        is tied under), in ``whole``'s dtype; ``whole`` (its meta or full tensor) says its shape."""
         raise NotImplementedError
 
     def finish(self, module: nn.Module) -> None:
@@ -275,26 +271,17 @@ class SafetensorsWeights(Weights):
     def has(self, name: str) -> bool:
         return name in self.found
 
-    def read(
-        self,
-        name: str,
-        aliases: tuple[str, ...] | list[str],
-        whole: torch.Tensor,
-        mesh: DeviceMesh,
-        placements: Placements,
-    ) -> DTensor:
-        file, entry = self._entry(name, aliases, whole)
-        part = read_slice(file, entry, _slices(whole.shape, mesh, placements))
-        local = part.to(device=mesh.device_type, dtype=whole.dtype).contiguous()
-        return _from_local(local, whole, mesh, placements)
+    def read(self, names: tuple[str, ...], whole: torch.Tensor, slices: tuple[slice, ...]) -> torch.Tensor:
+        file, entry = self._entry(names, whole)
+        return read_slice(file, entry, slices).to(dtype=whole.dtype)
 
-    def _entry(
-        self, name: str, aliases: tuple[str, ...] | list[str], whole: torch.Tensor
-    ) -> tuple[Path, Entry]:
-        key = next((n for n in (name, *aliases) if n in self.found), None)
+    def _entry(self, names: tuple[str, ...] | list[str], whole: torch.Tensor) -> tuple[Path, Entry]:
+        key = next((n for n in names if n in self.found), None)
         if key is None:
             held = ", ".join(sorted(self.found)[:5])
-            raise ValueError(f"weights: no tensor {name} in the safetensors files (they hold {held}, ...)")
+            raise ValueError(
+                f"weights: no tensor {names[0]} in the safetensors files (they hold {held}, ...)"
+            )
         file, entry = self.found[key]
         if list(entry.shape) != list(whole.shape):
             raise ValueError(
@@ -306,7 +293,7 @@ class SafetensorsWeights(Weights):
         with torch.no_grad():
             for names, tensor, required in _tensors_by_names(module):
                 if required or any(name in self.found for name in names):
-                    file, entry = self._entry(names[0], names[1:], tensor)
+                    file, entry = self._entry(names, tensor)
                     tensor.copy_(read_slice(file, entry))
 
     def finish(self, module: nn.Module) -> None:
@@ -314,7 +301,7 @@ class SafetensorsWeights(Weights):
         for name, buffer in module.named_buffers():
             if name in self.found:
                 owner, _, leaf = name.rpartition(".")
-                file, entry = self._entry(name, (), buffer)
+                file, entry = self._entry((name,), buffer)
                 module.get_submodule(owner)._buffers[leaf] = read_slice(file, entry).to(dtype=buffer.dtype)
 
 
@@ -334,19 +321,11 @@ class CheckpointWeights(Weights):
     def has(self, name: str) -> bool:
         return name in self.keys
 
-    def read(
-        self,
-        name: str,
-        aliases: tuple[str, ...] | list[str],
-        whole: torch.Tensor,
-        mesh: DeviceMesh,
-        placements: Placements,
-    ) -> DTensor:
-        if not any(n in self.keys for n in (name, *aliases)):
-            raise ValueError(f"weights: no tensor {name} in the checkpoint {self.directory}")
-        shape = [piece.stop - piece.start for piece in _slices(whole.shape, mesh, placements)]
-        local = torch.empty(shape, dtype=whole.dtype, device=mesh.device_type)
-        return _from_local(local, whole, mesh, placements)
+    def read(self, names: tuple[str, ...], whole: torch.Tensor, slices: tuple[slice, ...]) -> torch.Tensor:
+        """An empty part: DCP fills it in :meth:`finish`."""
+        if not any(name in self.keys for name in names):
+            raise ValueError(f"weights: no tensor {names[0]} in the checkpoint {self.directory}")
+        return torch.empty([piece.stop - piece.start for piece in slices], dtype=whole.dtype)
 
     def fill_whole(self, module: nn.Module) -> None:
         self.finish(module)

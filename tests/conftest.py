@@ -40,29 +40,3 @@ def _ranks_holder() -> Iterator[_RanksHolder]:
 def ranks(_ranks_holder: _RanksHolder) -> GlooRanks:
     """Four gloo ranks (`tests.gloo_ranks`), shared by every module that asks for them."""
     return _ranks_holder.healthy()
-
-
-#: The modules that take a minute or more of the suite, longest first (their times: benchmarks/README.md, "The
-#: test suite's time"). `make test` hands whole modules to its two processes in collection order
-#: (`--dist loadfile`), and the top-level modules come last: the docs' and the example launcher's tests left
-#: one process running them alone at the end. Handed out first, the short modules fill in behind them.
-LONGEST_FIRST = (
-    "tests/service/test_hostile_clients.py",
-    "tests/runtime/test_planned_step.py",
-    "tests/runtime/test_zoo.py",
-    "tests/service/test_cli_run.py",
-    "tests/service/test_e2e.py",
-    "tests/service/jobs/test_runner.py",
-    "tests/strategies/ops/test_conformance_pointwise.py",
-    "tests/test_docs.py",
-    "tests/strategies/ops/test_conformance_math.py",
-    "tests/solver/test_solve.py",
-    "tests/test_example_train.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    order = {path: rank for rank, path in enumerate(LONGEST_FIRST)}
-    items.sort(
-        key=lambda item: order.get(item.nodeid.partition("::")[0], len(order))
-    )  # stable: the rest as found
