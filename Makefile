@@ -63,7 +63,7 @@ test: bytecode postgres chromium
 	$(BIN)/python -m pytest -m alone || status=$$?; \
 	exit $$status
 
-# The public contest instances A, M, S: from IOPDDL_DATA (or $AUTOSHARD_IOPDDL_DATA, or ../shared beside the clone).
+# The public contest instances A, M, S: from IOPDDL_DATA (or $AUTOSHARD_IOPDDL_DATA).
 # With IOPDDL_WINNER=BIN (or $AUTOSHARD_IOPDDL_WINNER): side by side with the contest winner's binary, every
 # instance A..Y (or IOPDDL_INSTANCES=B,G,V) at IOPDDL_TIME_LIMIT seconds (default 60). benchmarks/README.md.
 bench: setup

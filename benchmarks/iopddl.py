@@ -6,9 +6,9 @@
                                 [--data DIR] [--out results/iopddl-vs-winner.json]
 
 Reference costs are the best final results of the ASPLOS 2025 contest (8 cores, same limits). Instance G is
-bundled (`benchmarks/data/iopddl`); A, M and S are read from `--data DIR`, else `$AUTOSHARD_IOPDDL_DATA`,
-else `../shared/benchmarks/iopddl` beside the clone when it exists. The public instances are published in
-the google/iopddl repository.
+bundled (`benchmarks/data/iopddl`); A, M and S are read from `--data DIR`, else `$AUTOSHARD_IOPDDL_DATA`
+(nothing outside the repository is read unless named). The public instances are published in the
+google/iopddl repository.
 
 `--against` (or `$AUTOSHARD_IOPDDL_WINNER`) runs the side-by-side mode (`benchmarks/iopddl_winner.py`): on
 each instance (default all 25, A to Y; those not found are rows that say so), `autoshard solve --backend
@@ -33,7 +33,6 @@ from solver.errors import InfeasibleError
 from solver.solve import solve, warm_up_kernels
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "iopddl"
-TEAM_DATA = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "iopddl"
 DATA_VARIABLE = "AUTOSHARD_IOPDDL_DATA"
 #: instance -> (contest time limit in seconds, reference cost)
 INSTANCES = {
@@ -67,10 +66,9 @@ def instance_file(instance: str) -> str:
 
 def data_dirs(named: Path | None) -> list[Path]:
     """Where instances are looked for, in order: the named directory (``--data``, else the environment
-    variable), ``../shared/benchmarks/iopddl`` when it exists, the bundled directory."""
+    variable), the bundled directory."""
     named = named or (Path(os.environ[DATA_VARIABLE]) if os.environ.get(DATA_VARIABLE) else None)
-    dirs = [named] if named is not None else ([TEAM_DATA] if TEAM_DATA.is_dir() else [])
-    return [*dirs, BUNDLED]
+    return [*([named] if named is not None else []), BUNDLED]
 
 
 def find_instances(instances: list[str], dirs: list[Path]) -> tuple[dict[str, Path], list[str]]:

@@ -294,3 +294,14 @@ def test_no_page_cites_a_folder_outside_the_repository() -> None:
         assert "../shared" not in text and "DESIGN.md" not in text, (
             f"{page.relative_to(ROOT)} cites ../shared"
         )
+
+
+def test_no_code_reads_a_folder_outside_the_repository() -> None:
+    """A user's clone has no `../shared` beside it: no script, test, Makefile or image may look there."""
+    folders = ("autoshard", "runtime", "service", "solver", "strategies", "tests", "benchmarks", "examples")
+    sources = [path for folder in folders for path in (ROOT / folder).rglob("*.py")]
+    sources += [ROOT / "Makefile", ROOT / ".ci" / "run", *(ROOT / "docker").glob("*Dockerfile")]
+    outside = re.compile(r"\.\./shared|[\"']shared[\"']\s*/")
+    here = Path(__file__).resolve()
+    found = [str(p.relative_to(ROOT)) for p in sources if p != here and outside.search(p.read_text("utf-8"))]
+    assert found == []
