@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -233,6 +234,13 @@ class FileReference:
             for name, gradient in planned.gradients.items():
                 self._compare(f"{name}.grad", f"grad.{name}", gradient)
 
+    @functools.cached_property
+    def entries(self) -> dict[str, Any]:
+        """Where each tensor lies in the file (its header, read once)."""
+        from runtime.safetensors_slices import entries
+
+        return entries(self.path)
+
     def take(self, parameters: Mapping[str, torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
         """Nothing: the one-process run started from the checkpoint itself."""
 
@@ -248,9 +256,9 @@ class FileReference:
         from torch.distributed.tensor import DTensor
 
         from runtime.parameter_shards import slices_of
-        from runtime.safetensors_slices import entries, read
+        from runtime.safetensors_slices import read
 
-        held = entries(self.path)
+        held = self.entries
         if isinstance(value, DTensor):  # this rank's part only, read by rows
             expected, value = read(self.path, held[key], slices_of(value)), value.to_local()
         else:

@@ -93,7 +93,7 @@ def place_parameters(
             whole = submodule._parameters[leaf]
             assert whole is not None
             if source is None:
-                local = local_part(whole.detach(), mesh, placements[name])
+                local = local_part(whole.detach(), mesh, placements[name], copy=True)
             else:
                 names = (name, *graph.tied.get(name, ()))
                 part = source.read(names, whole, _slices(whole.shape, mesh, placements[name]))
@@ -186,11 +186,12 @@ def _buffers_from(submodule: nn.Module, prefix: str, source: Weights) -> None:
         submodule._buffers[leaf] = torch.empty(buffer.shape, dtype=buffer.dtype, device="cpu")
 
 
-def local_part(whole: torch.Tensor, mesh: DeviceMesh, placements: Placements) -> DTensor:
-    """The DTensor of a tensor every rank holds whole and alike: each rank copies its own part (no data
-    moves between ranks; the whole can go)."""
+def local_part(whole: torch.Tensor, mesh: DeviceMesh, placements: Placements, copy: bool = False) -> DTensor:
+    """The DTensor of a tensor every rank holds whole and alike: each rank keeps its own part, no data moves
+    between ranks. Without ``copy`` the part is a view of the whole where it can be (a step's inputs: the
+    caller holds them anyway); with it, the part is its own storage and the whole can go (a parameter)."""
     part = whole[_slices(whole.shape, mesh, placements)]
-    local = part.to(device=mesh.device_type, copy=True).contiguous()
+    local = part.to(device=mesh.device_type, copy=copy).contiguous()
     return _from_local(local, whole, mesh, placements)
 
 
