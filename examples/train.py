@@ -155,6 +155,19 @@ def resume(directory: str, model: torch.nn.Module, optimizer: Any, scheduler: An
     return int(state["train"]["step"])
 
 
+def optimizer_and_schedule(model: torch.nn.Module, args: Any) -> tuple[Any, Any]:
+    """AdamW over the model's parameters (DTensors once a plan is applied) and its LR schedule: the ranks'
+    run and the one-process run alike."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, args.warmup, args.steps))
+    return optimizer, scheduler
+
+
+def additions(args: Any) -> Additions:
+    """The data set: eight global batches of windows, then the sampler reshuffles."""
+    return Additions(args.seq, windows=args.batch * 8, seed=args.seed)
+
+
 def train_distributed(args: Any) -> list[float]:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -171,11 +184,10 @@ def train_distributed(args: Any) -> list[float]:
         print(plan.summary(), flush=True)
     torch.manual_seed(args.seed)  # each rank draws the whole model's numbers and keeps its own shards
     step = autoshard.apply(model, plan, mesh, example, init=model._init_weights, weights=args.resume)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, args.warmup, args.steps))
+    optimizer, scheduler = optimizer_and_schedule(model, args)
     start = resume(args.resume, model, optimizer, scheduler) if args.resume else 0
     slices = step.input_slices()  # this rank's part of each input: rows, then (if sharded) columns
-    data = Additions(args.seq, windows=args.batch * 8, seed=args.seed)
+    data = additions(args)
     loader, sampler = loader_for(data, slices[0][0], args.batch, args.seed)
     losses = []
     stop = args.stop_after or args.steps
@@ -199,9 +211,8 @@ def train_one_process(args: Any) -> list[float]:
     model = build_model()
     torch.manual_seed(args.seed)
     model.apply(model._init_weights)  # the draws the ranks make, in the order they make them
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, args.warmup, args.steps))
-    data = Additions(args.seq, windows=args.batch * 8, seed=args.seed)
+    optimizer, scheduler = optimizer_and_schedule(model, args)
+    data = additions(args)
     loader, sampler = loader_for(data, slice(0, args.batch), args.batch, args.seed)
     losses = []
     for index, tokens in zip(range(args.steps), batches(loader, sampler, 0), strict=False):
