@@ -14,19 +14,25 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.apply import apply_plan
+from runtime.apply import AppliedPlan, apply_plan
 from runtime.parameter_shards import meta_parameters, place_parameters
 from runtime.run_setup import RunOptions, build_run_model, load_plan
 from runtime.worker import device_mesh, run_rank
 from tests.runtime.test_planned_step import MODELS, write_plan
 
 
-def _applied(options: RunOptions, weights: str | None = None) -> dict[str, torch.Tensor]:
-    """The plan applied to the model ``options`` build (sharded or not), every parameter made whole."""
+def _apply(options: RunOptions, weights: str | None = None) -> tuple[nn.Module, AppliedPlan]:
+    """On a rank: the model ``options`` build (sharded or not) with its plan applied."""
     plan = load_plan(options.plan)
     mesh = device_mesh("cpu", tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
     spec, short = build_run_model(options, plan)
     applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn, short, weights=weights)
+    return spec.module, applied
+
+
+def _applied(options: RunOptions, weights: str | None = None) -> dict[str, torch.Tensor]:
+    """The plan applied to the model ``options`` build, every parameter made whole."""
+    _, applied = _apply(options, weights)
     return {name: parameter.full_tensor() for name, parameter in applied.parameters.items()}
 
 
@@ -57,10 +63,7 @@ def _checks_a_changed_weight(path: str, options: RunOptions) -> str:
 
     from runtime.one_process import CheckFailed, FileReference
 
-    plan = load_plan(options.plan)
-    mesh = device_mesh("cpu", tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
-    spec, _ = build_run_model(options, plan)
-    applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
+    _, applied = _apply(options)
     held = {f"param.{name}": value.full_tensor() for name, value in applied.parameters.items()}
     held["param.layers.1.mlp.c_fc.bias"] = held["param.layers.1.mlp.c_fc.bias"] + 1
     if torch.distributed.get_rank() == 0:
@@ -89,11 +92,8 @@ def _saves_state(directory: str, options: RunOptions) -> None:
     """On a rank: the planned model's own state dict, saved with DCP."""
     import torch.distributed.checkpoint as dcp
 
-    plan = load_plan(options.plan)
-    mesh = device_mesh("cpu", tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
-    spec, _ = build_run_model(options, plan)
-    apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
-    dcp.save(spec.module.state_dict(), checkpoint_id=directory)
+    module, _ = _apply(options)
+    dcp.save(module.state_dict(), checkpoint_id=directory)
 
 
 def test_weights_are_read_into_the_planned_placements_from_safetensors_and_from_dcp(ranks, tmp_path) -> None:
