@@ -52,6 +52,7 @@ def export_records(request: PlanRequest, progress: Callable[[str], None] | None 
         "peak_flops": hw.peak_flops,
         "memory_bandwidth": hw.memory_bandwidth,
         "launch_s": hw.launch_s,
+        "sustained_efficiency": hw.sustained_efficiency,
     }
     doc["mesh"] = outcome.plan["mesh"]
     doc["layers"] = outcome.plan.get("layers")

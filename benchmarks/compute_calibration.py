@@ -7,8 +7,10 @@
     python3 benchmarks/compute_calibration.py measure \\
         --records benchmarks/data/llama3_8b_8x8_h200_ops.json --out calibration.json
 
-The model being checked (``strategies/ops/generate.py``): per op on its local shapes,
-``compute_s = max(FLOPs / peak(dtype), bytes read and written / memory bandwidth) + launch``.
+The model being checked (``strategies/cost/compute.py``): per op on its local shapes, the rate its family
+achieves (GEMMs by tile and wave quantisation, flash attention by sequence and head dim, the rest at the
+achieved memory rate), divided by the hardware's ``sustained_efficiency`` (the in-step rate): a kernel alone
+is predicted at ``predicted_s * sustained_efficiency`` (launch aside).
 
 ``export`` (:mod:`benchmarks.calibration_export`) writes one record per distinct call: ``op``
 (``aten.mm.default``; ``autoshard.einsum.default`` is our two-operand einsum), ``inputs`` (local shape,

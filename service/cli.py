@@ -185,11 +185,8 @@ def plan_command(
     captured_layers: CapturedLayersOption = 4,
     baseline: Annotated[
         str | None,
-        typer.Option(help="plan a hand-written layout instead: ddp, fsdp, megatron or fsdp_tp"),
+        typer.Option(help="plan a hand-written layout instead: ddp, fsdp, hsdp, megatron or fsdp_tp"),
     ] = None,
-    overlap: Annotated[
-        float, typer.Option(help="fraction of parameter gathers / gradient reductions hidden", min=0, max=1)
-    ] = 0.0,
     recompute: RecomputeOption = "auto",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:
@@ -220,7 +217,6 @@ def plan_command(
         time_limit=time_limit,
         gap=gap,
         captured_layers=captured_layers or None,
-        overlap=overlap,
         baseline=baseline,
         recompute=recompute,
     )
@@ -429,10 +425,6 @@ def search_command(
     ] = 60.0,
     gap: GapOption = 0.01,
     backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
-    overlap: Annotated[
-        float,
-        typer.Option(help="fraction of parameter gathers / gradient reductions hidden", min=0, max=0.99),
-    ] = 0.0,
     cache: Annotated[
         str | None,
         typer.Option(
@@ -474,7 +466,6 @@ def search_command(
             compute_dtype=compute_dtype,
             layers=layers,
             options=json.loads(options) if options else {},
-            overlap=overlap,
             recompute=recompute,
         )
     except (ValueError, json.JSONDecodeError) as error:

@@ -22,7 +22,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from service.app.schemas import PlanSubmission, SearchSubmission
-from service.planning import BadRequest, canonical_plan_request, plan_hash, solve_hash, validate_plan
+from service.planning import (
+    HASH_SALT,
+    BadRequest,
+    canonical_plan_request,
+    plan_hash,
+    solve_hash,
+    validate_plan,
+)
 
 PLAN, SOLVE, SEARCH = "plan", "solve", "search"
 MAX_FREE_DEPTH = 32
@@ -99,7 +106,7 @@ def read_search(body: bytes) -> Intake:
     request = submission.model_dump(mode="json")
     text = canonical_text(request)
     candidates = len(mesh_shapes(submission.devices, submission.max_mesh_dims)) * len(submission.batch_sizes)
-    key = hashlib.sha256(f"autoshard-service-v1:search:{text}".encode()).hexdigest()
+    key = hashlib.sha256(f"{HASH_SALT}:search:{text}".encode()).hexdigest()
     return Intake(SEARCH, key, text, submission.solver.time_limit_s * candidates, candidates)
 
 

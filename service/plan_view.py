@@ -70,11 +70,21 @@ def layer_ranges(values: list[int], dash: str = "-", separator: str = ",") -> st
 
 def _time_lines(predicted: dict[str, Any]) -> list[str]:
     step = predicted["step_time_s"]
+    comm = predicted["comm_s"]
+    exposed = predicted.get("exposed_comm_s", comm)
     lines = [
         f"predicted step time {_ms(step)}: compute {_ms(predicted['compute_s'])}, "
-        f"input loading {_ms(predicted.get('load_s', 0.0))}, communication {_ms(predicted['comm_s'])} "
-        f"({bytes_text(predicted['comm_bytes'])} per device)"
+        f"input loading {_ms(predicted.get('load_s', 0.0))}, communication {_ms(comm)} "
+        f"({bytes_text(predicted['comm_bytes'])} per device): {_ms(exposed)} exposed, "
+        f"{_ms(predicted.get('hidden_comm_s', 0.0))} hidden behind compute"
     ]
+    if "mfu" in predicted:
+        contention = predicted.get("contention_s", 0.0)
+        lines.append(
+            f"model FLOPs utilisation {100 * predicted['mfu']:.1f}% "
+            f"({predicted.get('model_flops', 0) / 1e12:,.1f} TFLOP per device per step)"
+            + (f"; compute slowed {_ms(contention)} by the collectives beside it" if contention > 0 else "")
+        )
     collectives = predicted.get("collectives") or {}
     if collectives:
         lines.append("collectives: " + ", ".join(f"{n} x{c}" for n, c in sorted(collectives.items())))

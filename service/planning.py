@@ -22,7 +22,9 @@ from typing import Any
 
 from service.app.schemas import PlanSubmission
 
-HASH_SALT = "autoshard-service-v1"
+HASH_SALT = "autoshard-service-v2"
+"""Part of every plan and solve key: the cost model is part of what a stored plan means, so a change of it
+(v2: achieved rates and the two-stream schedule) must not answer with plans made under the old one."""
 MAX_LAYERS = 1024
 """The deepest model a request may ask for (``layers``, or ``options.n_layers``)."""
 Report = Callable[[dict[str, Any]], None]
@@ -104,8 +106,8 @@ def validate_plan(request: dict[str, Any], max_graph_bytes: int, max_time_limit_
         raise _named(error, {"mesh": "mesh.shape", "axis_names": "mesh.axis_names"}) from error
     if math.prod(mesh.shape) > 2**20:
         raise BadRequest("mesh.shape", f"{math.prod(mesh.shape)} devices: at most {2**20}")
-    if request["baseline"] == "fsdp_tp" and len(mesh.shape) < 2:
-        raise BadRequest("baseline", "fsdp_tp needs a mesh of 2 or more axes")
+    if request["baseline"] in ("fsdp_tp", "hsdp") and len(mesh.shape) < 2:
+        raise BadRequest("baseline", f"{request['baseline']} needs a mesh of 2 or more axes")
     tensors = graph_tensors(request["graph"], max_graph_bytes) if has_graph else model_tensors(request)
     check_pins(request["pinned"], tensors, len(mesh.shape))
     share = tensors.parameter_bytes / math.prod(mesh.shape)
@@ -268,7 +270,6 @@ def run_plan_job(request: dict[str, Any], report: Report | None = None) -> dict[
         backend=solver["backend"],
         time_limit=solver["time_limit_s"],
         gap=solver["gap"],
-        overlap=request["overlap"],
         options=dict(request["options"]),
         input_placements={int(k): v for k, v in request["pinned"]["inputs"].items()},
         parameter_placements=dict(request["pinned"]["parameters"]),

@@ -54,6 +54,9 @@ MAX_TIME_LIMIT_S = 7 * 86400.0
 MAX_MEMORY_GIB = 2.0**20
 BANDWIDTH = Field(None, gt=0, le=1e16, description="bytes/s")
 SECONDS = Field(None, gt=0, le=1.0, description="seconds")
+SHARE = Field(None, gt=0, le=1.0, description="a share of a peak rate")
+LENGTH = Field(None, ge=0, le=2**31, description="elements")
+WHOLE = Field(None, ge=1, le=2**31, description="a whole number")
 
 
 class Strict(BaseModel):
@@ -110,6 +113,18 @@ class HardwareFigures(Strict):
     collective_launch_s: float | None = SECONDS
     host_to_device: float | None = BANDWIDTH
     default_flops_dtype: str | None = Field(None, min_length=1, max_length=32)
+    sm_count: int | None = Field(None, ge=1, le=2**20, description="multiprocessors: GEMM tiles per wave")
+    matmul_efficiency: float | None = SHARE
+    matmul_tile_m: int | None = WHOLE
+    matmul_tile_n: int | None = WHOLE
+    matmul_k_half: float | None = LENGTH
+    attention_efficiency: float | None = SHARE
+    attention_backward_efficiency: float | None = SHARE
+    attention_seq_half: float | None = LENGTH
+    attention_head_dim: int | None = WHOLE
+    memory_efficiency: float | None = SHARE
+    sustained_efficiency: float | None = SHARE
+    overlap_slowdown: float | None = Field(None, ge=0, le=1, description="compute lost per hidden second")
 
 
 Hardware = Annotated[
@@ -148,9 +163,8 @@ class PlanSubmission(Strict):
     )
     pinned: PinnedPlacements = Field(default_factory=PinnedPlacements)
     solver: SolverOptions = Field(default_factory=SolverOptions)
-    overlap: float = Field(0.0, ge=0, le=1, description="share of gathers / reductions hidden by compute")
     captured_layers: int | None = Field(4, ge=0, le=1024, description="layers captured for deep models")
-    baseline: Literal["ddp", "fsdp", "megatron", "fsdp_tp"] | None = None
+    baseline: Literal["ddp", "fsdp", "hsdp", "megatron", "fsdp_tp"] | None = None
     recompute: Literal["auto", "none", "selective", "full"] = Field(
         "auto", description="activation recomputation: the program chooses (auto), or a fixed policy"
     )
@@ -218,7 +232,6 @@ class SearchSubmission(Strict):
     )
     max_mesh_dims: int = Field(3, ge=1, le=3, description="mesh axes at most")
     solver: SolverOptions = Field(default_factory=SolverOptions)
-    overlap: float = Field(0.0, ge=0, lt=1, description="share of gathers / reductions hidden by compute")
     captured_layers: int | None = Field(4, ge=0, le=1024, description="layers captured for deep models")
     recompute: Literal["auto", "none", "selective", "full"] = Field(
         "auto", description="activation recomputation: the program chooses (auto), or a fixed policy"

@@ -45,7 +45,6 @@ def search_request(body: dict[str, Any]) -> SearchRequest:
         compute_dtype=body.get("compute_dtype"),
         layers=body["layers"],
         options=dict(body["options"]),
-        overlap=body["overlap"],
         captured_layers=body["captured_layers"] or None,
         recompute=body.get("recompute", "auto"),
     )

@@ -25,7 +25,7 @@ GIB = 2**30
 MAX_BARS = 30
 """Candidates drawn in the time breakdown (the best ones); the table lists them all."""
 
-COMPUTE, COMM, LOAD = "#4c72b0", "#dd8452", "#8c8c8c"
+COMPUTE, COMM, CONTENTION, LOAD = "#4c72b0", "#dd8452", "#e8b98f", "#8c8c8c"
 FEASIBLE, PARETO, INFEASIBLE, BUDGET = "#7f9fc6", "#c44e52", "#937860", "#55a868"
 STYLE = {
     "text.parse_math": False,
@@ -148,14 +148,15 @@ def memory_unit(largest: float) -> tuple[float, str]:
 
 
 def time_breakdown_plot(ranked: list[dict[str, Any]]) -> str | None:
-    """Stacked horizontal bars of compute, exposed communication and input loading per ranked candidate,
-    the best at the top. None when no candidate is ranked."""
+    """Stacked horizontal bars of compute, exposed communication, compute slowed by the hidden collectives
+    and input loading per ranked candidate, the best at the top. None when no candidate is ranked."""
     rows = [c for c in ranked if number(c.get("step_time_s")) is not None][:MAX_BARS]
     if not rows:
         return None
     parts = [
         ("compute", "compute_s", COMPUTE),
         ("exposed communication", "exposed_comm_s", COMM),
+        ("compute slowed by collectives", "contention_s", CONTENTION),
         ("input loading", "load_s", LOAD),
     ]
     scale, unit = _time_unit(max(number(c["step_time_s"]) or 0.0 for c in rows))
@@ -173,7 +174,7 @@ def time_breakdown_plot(ranked: list[dict[str, Any]]) -> str | None:
         axes.invert_yaxis()
         axes.grid(axis="y", visible=False)
         axes.set_xlabel(f"predicted step time ({unit})")
-        axes.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
+        axes.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
         return figure_img(
             figure, "predicted step time per candidate: compute, exposed communication, loading"
         )

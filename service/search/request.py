@@ -42,7 +42,6 @@ class SearchRequest:
     """Mixed precision: every candidate computes on copies of the parameters in this dtype."""
     layers: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    overlap: float = 0.0
     captured_layers: int | None = 4
     recompute: str = "auto"
     """Activation recomputation for every candidate (:mod:`strategies.problem.recompute`)."""
@@ -56,8 +55,6 @@ class SearchRequest:
             raise ValueError(f"workers: at least 1, got {self.workers}")
         if self.time_limit_s <= 0:
             raise ValueError(f"time_limit_s: must be positive, got {self.time_limit_s}")
-        if not 0 <= self.overlap < 1:
-            raise ValueError(f"overlap: from 0 to below 1, got {self.overlap}")
         check_policy(self.recompute)
         if self.compute_dtype is not None:
             from strategies.tensor_meta import parse_compute_dtype
@@ -84,7 +81,6 @@ class SearchRequest:
             backend=self.backend,
             time_limit=self.time_limit_s,
             gap=self.gap,
-            overlap=self.overlap,
             options=dict(self.options),
             captured_layers=self.captured_layers,
             recompute=self.recompute,
@@ -104,7 +100,6 @@ class SearchRequest:
             "dtype": self.dtype,
             "compute_dtype": self.compute_dtype,
             "solver": {"backend": self.backend, "time_limit_s": self.time_limit_s, "gap": self.gap},
-            "overlap": self.overlap,
             "captured_layers": self.captured_layers,
             "recompute": self.recompute,
         }

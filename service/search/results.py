@@ -3,11 +3,10 @@
 ``results.json`` (format ``autoshard.search``, version 1) holds the request, the wall time, every candidate
 and the Pareto front; ``results.csv`` one row per candidate; ``plans/<id>.json`` the plan of each candidate
 that has one. Figures come from the plan's ``predicted`` block: ``comm_s`` is all the step's communication,
-``exposed_comm_s`` the part not hidden behind compute. The planner's overlap model hides the share
-``overlap`` of the parameter gathers and gradient reductions and none of the rest, so ``exposed_comm_s`` is
-the plan's ``comm_s`` (what the step time adds) and ``comm_s`` adds back ``hidden_comm_s``; with the
-default overlap of 0 the two are equal. Throughput is ``batch / step_time_s`` samples per second (and
-``batch * seq / step_time_s`` tokens for a model with a sequence).
+``exposed_comm_s`` the part the two-stream schedule could not hide behind compute
+(:mod:`strategies.plan.schedule`), ``contention_s`` the compute the hidden part slows; the step time is
+``compute_s + exposed_comm_s + contention_s + load_s``. Throughput is ``batch / step_time_s`` samples per
+second (and ``batch * seq / step_time_s`` tokens for a model with a sequence).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from service.search.task import FEASIBLE, OPTIMAL
 FORMAT, VERSION = "autoshard.search", 1
 CSV_COLUMNS = (
     "id", "mesh", "axis_names", "batch", "seq", "status", "rank", "step_time_s", "compute_s", "comm_s",
-    "exposed_comm_s", "load_s", "recompute_s", "recomputed", "samples_per_s", "tokens_per_s",
+    "exposed_comm_s", "contention_s", "load_s", "recompute_s", "recomputed", "samples_per_s", "tokens_per_s",
     "peak_memory_bytes", "memory_budget_bytes",
     "min_peak_bytes", "certificate_status", "bound_s", "gap", "backend", "plan_file", "error", "seconds",
 )  # fmt: skip
@@ -42,7 +41,9 @@ def candidate_row(
         "seq": candidate.seq,
         "status": outcome["status"],
         "rank": None,
-        **dict.fromkeys(("step_time_s", "compute_s", "comm_s", "exposed_comm_s", "load_s", "recompute_s")),
+        **dict.fromkeys(
+            ("step_time_s", "compute_s", "comm_s", "exposed_comm_s", "contention_s", "load_s", "recompute_s")
+        ),
         "recomputed": None,
         "samples_per_s": None,
         "tokens_per_s": None,
@@ -61,8 +62,9 @@ def candidate_row(
     row.update(
         step_time_s=step,
         compute_s=predicted["compute_s"],
-        comm_s=predicted["comm_s"] + predicted.get("hidden_comm_s", 0.0),
-        exposed_comm_s=predicted["comm_s"],
+        comm_s=predicted["comm_s"],
+        exposed_comm_s=predicted.get("exposed_comm_s", predicted["comm_s"]),
+        contention_s=predicted.get("contention_s", 0.0),
         load_s=predicted.get("load_s", 0.0),
         recompute_s=predicted.get("recompute_s", 0.0),
         recomputed=len(plan.get("recompute", [])),

@@ -136,6 +136,16 @@ def _step(mesh: Mesh, shape: tuple[int, ...], itemsize: int, state: list[int], a
     return Step(axis, have, want, "impossible", 0, INF)  # S -> P, P -> P'
 
 
+def fixed_seconds(mesh: Mesh, step: Step) -> float:
+    """The part of a step's seconds that does not depend on its bytes (launch and per-hop latency): what
+    moving several tensors in one collective (a bucket) pays once rather than per tensor."""
+    if step.collective == "all_reduce":
+        return all_reduce_s(mesh, step.axis, 0.0)
+    if step.collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return all_gather_s(mesh, step.axis, 0.0)
+    return 0.0
+
+
 @lru_cache(maxsize=1 << 18)
 def redistribute_s(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: Spec, dst: Spec) -> float:
     """Seconds to move a tensor from ``src`` to ``dst`` (inf when DTensor cannot)."""

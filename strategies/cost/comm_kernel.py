@@ -6,8 +6,8 @@ fixed start cost ``c`` s (``hardware.collective_launch_s``) moves ``S`` bytes pe
 
 - one ring pass (all-gather of ``S`` output bytes, reduce-scatter of ``S`` input bytes, all-to-all of
   ``S`` bytes):  ``c + (n-1) a + (n-1)/n * S / B``
-- an all-reduce, the cheaper of ring and tree:
-  ``c + min(2(n-1) a + 2(n-1)/n * S / B,  2 ceil(log2 n) a + 2 S / B)``
+- an all-reduce, the cheaper of ring and tree (the tree only on an axis that crosses nodes, as NCCL runs
+  it): ``c + min(2(n-1) a + 2(n-1)/n * S / B,  2 ceil(log2 n) a + 2 S / B)``
 
 and in 0 s when ``n == 1``. :func:`axis_terms` turns a mesh into one row of constants per axis;
 :func:`ring_pass_s` and :func:`all_reduce_s` evaluate the formulas for one axis. They are the only copy
@@ -87,7 +87,10 @@ def axis_terms(mesh: Mesh) -> np.ndarray:
         terms[axis, RING_SHARE] = (n - 1) / n
         terms[axis, ALL_REDUCE_RING_CONSTANT] = 2 * (n - 1) * link.latency
         terms[axis, ALL_REDUCE_RING_SHARE] = 2 * (n - 1) / n
-        terms[axis, ALL_REDUCE_TREE_CONSTANT] = 2 * math.ceil(math.log2(n)) * link.latency
+        # NCCL's trees run across nodes; inside a node an all-reduce is a ring (or NVLink SHARP, which the
+        # link's bus bandwidth does not count)
+        crosses = mesh.crosses_nodes(axis)
+        terms[axis, ALL_REDUCE_TREE_CONSTANT] = 2 * math.ceil(math.log2(n)) * link.latency if crosses else INF
         terms[axis, ALL_REDUCE_TREE_SHARE] = 2.0
     terms.flags.writeable = False
     return terms

@@ -54,6 +54,33 @@ class Hardware(HashOnce):
     host_to_device: float = 50 * GB
     """Bytes/s a device loads from its host (PCIe): what a data loader's batch costs each rank."""
     default_flops_dtype: str = field(default="float32")
+    sm_count: int = 1
+    """Streaming multiprocessors: how many GEMM tiles run at once (one wave)."""
+    matmul_efficiency: float = 1.0
+    """The share of the dense peak a large, well-shaped GEMM reaches (:mod:`strategies.cost.compute`)."""
+    matmul_tile_m: int = 1
+    """Rows of the output tile one multiprocessor computes; a GEMM pays for whole tiles."""
+    matmul_tile_n: int = 1
+    """Columns of that tile."""
+    matmul_k_half: float = 0.0
+    """The reduction length at which a GEMM runs at half its rate (a short ``K`` spends its time on loads)."""
+    attention_efficiency: float = 1.0
+    """The share of the dense peak a flash attention forward reaches on long sequences."""
+    attention_backward_efficiency: float = 1.0
+    """The same for its backward."""
+    attention_seq_half: float = 0.0
+    """The sequence length at which a flash attention kernel runs at half its long-sequence rate."""
+    attention_head_dim: int = 1
+    """The head dim flash kernels are tuned for; a smaller one runs proportionally slower."""
+    memory_efficiency: float = 1.0
+    """The share of ``memory_bandwidth`` a copy achieves: the rate of memory-bound ops."""
+    sustained_efficiency: float = 1.0
+    """The share of the kernels' benchmarked rates a whole training step sustains (clocks under a full step's
+    power draw, the host's gaps between kernels, the kernels' own shapes and neighbours): fitted to published
+    training runs (``benchmarks/truth.py --fit``), every op's time divided by it."""
+    overlap_slowdown: float = 0.0
+    """Seconds of compute lost per second of communication hidden behind it (collectives take multiprocessors
+    and memory bandwidth from the kernels they overlap), fitted with ``sustained_efficiency``."""
 
     def hash_key(self) -> tuple:
         return (
@@ -67,6 +94,8 @@ class Hardware(HashOnce):
             self.launch_s,
             self.collective_launch_s,
             self.host_to_device,
+            self.default_flops_dtype,
+            *(getattr(self, name) for name in COMPUTE_FIGURES),
         )
 
     __hash__ = HashOnce.__hash__  # dataclass(frozen=True) would otherwise generate one
@@ -80,6 +109,23 @@ class Hardware(HashOnce):
         return self.peak_flops[self.default_flops_dtype]
 
 
+COMPUTE_FIGURES = (
+    "sm_count",
+    "matmul_efficiency",
+    "matmul_tile_m",
+    "matmul_tile_n",
+    "matmul_k_half",
+    "attention_efficiency",
+    "attention_backward_efficiency",
+    "attention_seq_half",
+    "attention_head_dim",
+    "memory_efficiency",
+    "sustained_efficiency",
+    "overlap_slowdown",
+)
+"""The fields of the achieved-compute model (:mod:`strategies.cost.compute`)."""
+
+
 def _gpu(
     name: str,
     bf16: float,
@@ -90,6 +136,7 @@ def _gpu(
     nvlink: float,
     ib: float,
     pcie: float,
+    **achieved: Any,
 ) -> Hardware:
     return Hardware(
         name=name,
@@ -97,33 +144,127 @@ def _gpu(
         memory_bandwidth=hbm,
         memory_bytes=int(memory),
         node_size=8,
-        intra_node=Link(bandwidth=nvlink, latency=2e-6),
-        inter_node=Link(bandwidth=ib, latency=8e-6),
-        launch_s=5e-6,
+        intra_node=Link(bandwidth=nvlink, latency=NVLINK_LATENCY_S),
+        inter_node=Link(bandwidth=ib, latency=INTER_NODE_LATENCY_S),
         host_to_device=pcie,
+        **achieved,
     )
 
 
+# Achieved rates, fitted by `benchmarks/fit_hardware.py` to published measurements (its data file
+# `benchmarks/data/published/kernels.yaml` holds every figure with its source):
+# - GEMMs: H100 SXM bf16, 152 shapes: OpenXLA's measured sm_90 matmul table (tensorflow/tensorflow@372d578
+#   third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h), the MAMF table of stas00/ml-engineering
+#   (794.5 of 989 TFLOP/s at best), cuBLAS 716 / 795 TFLOP/s at 4096^3 / 8192^3 (pranjalssh/fast.cu README):
+#   median |error| 5.3%. A100 bf16: NVIDIA's "Mixed-precision matrix multiply on A100 with cuBLAS" figure and
+#   the MAMF table (271.2 of 312), sharing the H100's reduction ramp and kernel floor: median 2.8%.
+# - Flash attention: FlashAttention-2 (what PyTorch's SDPA runs), the FA2 README benchmarks
+#   (Dao-AILab/flash-attention assets/flash2_{a100,h100}_fwd_bwd_benchmark.png) and the FA2 bars of the
+#   FlashAttention-3 paper's H100 figures (arXiv 2407.08608): H100 72 points, median 2.8%; A100 24, median
+#   2.4%.
+#   A FlashAttention-3 or cuDNN kernel runs faster (FA3 forward, head dim 128: 648 TFLOP/s): a hardware file
+#   with `attention_efficiency: 0.65` models it.
+# - Memory-bound ops: copies reach 0.88 of A100 80GB's 2.04 TB/s (NVIDIA developer forum, "Trouble to reach
+#   peak bandwidth of A100", 1.80 TB/s) and 0.78 of an H100 NVL's (BabelStream 5.0 copy, 3056 of 3900 GB/s; no
+#   SXM figure was found).
+# - Links: NVLink's bus bandwidth is nccl-tests' large-message all-gather / reduce-scatter busbw (8x H200,
+#   same NVLink 4 fabric as H100: 361.4 / 362.9 GB/s, stas00/ml-engineering network/README.md; A100: 232 GB/s,
+#   NVIDIA GTC24 S62129 slide 12); across nodes, per GPU, the same slide's 8x400 Gb/s NDR DGX H100
+#   all-reduce 380 GB/s over 8 NICs (47.5 GB/s each) and DGX A100 8x200 Gb/s 192 GB/s (24 each). NVLink's
+#   per-hop latency and the collective launch are fitted to the 8-GPU all-reduce curve up to 1 MiB, where
+#   NCCL runs rings (median 2.4%).
+# - A whole step: `sustained_efficiency` (per GPU) and `overlap_slowdown` are fitted by `benchmarks/truth.py
+#   --fit` to 15 published training runs (MosaicML llm-foundry's MPT tables, IBM fms-fsdp's Llama 2 table) and
+#   llm-foundry's 8 -> 128 / 512 GPU throughput changes: median |error| 4.6%. torchtitan's runs are held out.
+HOPPER = dict(
+    sm_count=132,
+    matmul_efficiency=0.829,
+    matmul_tile_m=128,
+    matmul_tile_n=128,
+    matmul_k_half=89.5,
+    attention_efficiency=0.404,
+    attention_backward_efficiency=0.328,
+    attention_seq_half=179.0,
+    attention_head_dim=128,
+    memory_efficiency=0.78,
+    launch_s=5.0e-6,
+    collective_launch_s=6.8e-6,
+    sustained_efficiency=0.796,
+    overlap_slowdown=1.0,
+)
+AMPERE = dict(
+    HOPPER,
+    sm_count=108,
+    matmul_efficiency=0.881,
+    attention_efficiency=0.713,
+    attention_backward_efficiency=0.666,
+    attention_seq_half=216.0,
+    memory_efficiency=0.88,
+    sustained_efficiency=0.888,
+)
+BLACKWELL = dict(HOPPER, sm_count=148)
+"""No published B200 kernel figures were fitted: Hopper's shares of its peaks."""
+NVLINK_LATENCY_S = 2.28e-6
+INTER_NODE_LATENCY_S = 8e-6
+"""Per inter-node hop; not fitted (see `benchmarks/fit_hardware.py`'s NOT_ADOPTED)."""
+
 PRESETS: dict[str, Hardware] = {
-    # H100 SXM: 989 TFLOP/s bf16 dense, 67 fp32 (no TF32), 1979 fp8; 3.35 TB/s HBM3; NVLink 4 450 GB/s
-    # per direction; 400 Gb/s InfiniBand NDR per GPU; PCIe 5.0 x16 to the host (~50 GB/s achieved).
+    # H100 SXM: 989 TFLOP/s bf16 dense, 67 fp32 (no TF32), 1979 fp8; 3.35 TB/s HBM3; NVLink 4 (450 GB/s per
+    # direction, 362 achieved); 400 Gb/s InfiniBand NDR per GPU (47.5 GB/s achieved); PCIe 5.0 x16 to the host
+    # (~50 GB/s achieved). Links and rates as achieved: see above.
     "h100": _gpu(
-        "h100", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 3.35e12, 80 * GIB, 450 * GB, 50 * GB, 50 * GB
+        "h100",
+        989 * TFLOPS,
+        67 * TFLOPS,
+        1979 * TFLOPS,
+        3.35e12,
+        80 * GIB,
+        362 * GB,
+        47.5 * GB,
+        50 * GB,
+        **HOPPER,
     ),
     # H200 SXM: the H100's compute with 141 GB (141e9 bytes) of HBM3e at 4.8 TB/s; NVLink 4 and
     # InfiniBand and PCIe as h100.
     "h200": _gpu(
-        "h200", 989 * TFLOPS, 67 * TFLOPS, 1979 * TFLOPS, 4.8e12, 141 * GB, 450 * GB, 50 * GB, 50 * GB
+        "h200",
+        989 * TFLOPS,
+        67 * TFLOPS,
+        1979 * TFLOPS,
+        4.8e12,
+        141 * GB,
+        362 * GB,
+        47.5 * GB,
+        50 * GB,
+        **HOPPER,
     ),
-    # A100 SXM 80GB: 312 bf16, 19.5 fp32; 2.0 TB/s; NVLink 3 300 GB/s per direction; 200 Gb/s HDR;
-    # PCIe 4.0 x16 (~25 GB/s achieved).
+    # A100 SXM 80GB: 312 bf16, 19.5 fp32; 2.0 TB/s; NVLink 3 (300 GB/s per direction, 232 achieved); 200 Gb/s
+    # HDR (24 GB/s achieved); PCIe 4.0 x16 (~25 GB/s achieved).
     "a100": _gpu(
-        "a100", 312 * TFLOPS, 19.5 * TFLOPS, 312 * TFLOPS, 2.04e12, 80 * GIB, 300 * GB, 25 * GB, 25 * GB
+        "a100",
+        312 * TFLOPS,
+        19.5 * TFLOPS,
+        312 * TFLOPS,
+        2.04e12,
+        80 * GIB,
+        232 * GB,
+        24 * GB,
+        25 * GB,
+        **AMPERE,
     ),
-    # B200: 2250 bf16 dense, 80 fp32, 4500 fp8; 8 TB/s HBM3e; NVLink 5 900 GB/s per direction;
-    # 800 Gb/s per GPU; PCIe 6.0 x16 (~100 GB/s).
+    # B200: 2250 bf16 dense, 80 fp32, 4500 fp8; 8 TB/s HBM3e; NVLink 5 900 GB/s per direction; 800 Gb/s per
+    # GPU; PCIe 6.0 x16 (~100 GB/s). Nominal links: no published B200 figures were fitted.
     "b200": _gpu(
-        "b200", 2250 * TFLOPS, 80 * TFLOPS, 4500 * TFLOPS, 8.0e12, 180 * GIB, 900 * GB, 100 * GB, 100 * GB
+        "b200",
+        2250 * TFLOPS,
+        80 * TFLOPS,
+        4500 * TFLOPS,
+        8.0e12,
+        180 * GIB,
+        900 * GB,
+        100 * GB,
+        100 * GB,
+        **BLACKWELL,
     ),
     # A CPU host running gloo over loopback, like this development machine.
     "cpu": Hardware(
@@ -137,8 +278,28 @@ PRESETS: dict[str, Hardware] = {
         launch_s=2e-6,
         collective_launch_s=50e-6,
         host_to_device=10 * GB,
+        overlap_slowdown=1.0,  # gloo runs collectives on the cores that compute: nothing is hidden
     ),
 }
+
+
+PLAIN_ROOFLINE: dict[str, float] = {
+    "sm_count": 1,
+    "matmul_efficiency": 1.0,
+    "matmul_tile_m": 1,
+    "matmul_tile_n": 1,
+    "matmul_k_half": 0.0,
+    "attention_efficiency": 1.0,
+    "attention_backward_efficiency": 1.0,
+    "attention_seq_half": 0.0,
+    "attention_head_dim": 1,
+    "memory_efficiency": 1.0,
+    "sustained_efficiency": 1.0,
+    "overlap_slowdown": 1.0,
+}
+"""Hardware-file figures that price as the plain roofline with nothing hidden: every op at ``max(FLOPs /
+peak, bytes / memory_bandwidth) + launch_s`` and every collective on the step's critical path (the model
+before achieved rates and the two-stream schedule)."""
 
 
 class HardwareError(ValueError):
@@ -155,6 +316,10 @@ MAX_FLOPS = 1e19
 """Largest FLOP/s of any dtype (10 EFLOP/s per device, 1000x today's fp8)."""
 MAX_SECONDS = 1.0
 """Longest latency or launch time."""
+MAX_EFFICIENCY = 1.0
+"""Largest share of a peak any kernel reaches."""
+MAX_LENGTH = 2**31
+"""Largest tile edge, head dim or half-rate length (elements)."""
 MAX_DTYPES = 32
 """Most dtypes ``peak_flops`` may hold."""
 MAX_DTYPE_CHARS = 32
@@ -167,9 +332,26 @@ _MAXIMA = {
     "host_to_device": MAX_BANDWIDTH,
     "launch_s": MAX_SECONDS,
     "collective_launch_s": MAX_SECONDS,
+    "matmul_efficiency": MAX_EFFICIENCY,
+    "attention_efficiency": MAX_EFFICIENCY,
+    "attention_backward_efficiency": MAX_EFFICIENCY,
+    "memory_efficiency": MAX_EFFICIENCY,
+    "sustained_efficiency": MAX_EFFICIENCY,
+    "overlap_slowdown": MAX_EFFICIENCY,
+    "matmul_k_half": MAX_LENGTH,
+    "attention_seq_half": MAX_LENGTH,
 }
 """Field -> its largest value, for the figures that are not whole numbers, links or ``peak_flops``."""
-_WHOLE_MAXIMA = {"memory_bytes": MAX_MEMORY_BYTES, "node_size": MAX_NODE_SIZE}
+_MAY_BE_ZERO = {"overlap_slowdown", "matmul_k_half", "attention_seq_half"}
+"""Figures that may be 0 (no slowdown) besides positive."""
+_WHOLE_MAXIMA = {
+    "memory_bytes": MAX_MEMORY_BYTES,
+    "node_size": MAX_NODE_SIZE,
+    "sm_count": MAX_NODE_SIZE,
+    "matmul_tile_m": MAX_LENGTH,
+    "matmul_tile_n": MAX_LENGTH,
+    "attention_head_dim": MAX_LENGTH,
+}
 """Whole-number field -> its largest value."""
 _LINK_MAXIMA = {"bandwidth": MAX_BANDWIDTH, "latency": MAX_SECONDS}
 """Link field -> its largest value."""
@@ -282,6 +464,8 @@ def _field(key: str, value: Any, current: Any) -> Any:
         return _text(key, value, MAX_DTYPE_CHARS)
     if key in _WHOLE_MAXIMA:
         return _whole(key, value, _WHOLE_MAXIMA[key])
+    if key in _MAY_BE_ZERO and not isinstance(value, bool) and value == 0:
+        return 0.0
     return _positive(key, value, _MAXIMA[key])
 
 

@@ -2,7 +2,9 @@
 
 Ranks are laid out row-major, so the last axis holds neighbouring ranks. An axis runs inside a node
 when the devices it spans together with all axes inside it fit in one node (``prod(shape[i:]) <=
-node_size``); otherwise its collectives cross nodes and use the inter-node link.
+node_size``); otherwise its collectives cross nodes: over the inter-node link alone when each node holds
+one device of a group, hierarchically (NVLink inside, every device's NIC across) when it holds several
+(:func:`axis_link`).
 """
 
 from __future__ import annotations
@@ -74,10 +76,32 @@ def make_mesh(
     if len(set(names)) != len(names) or any(not n for n in names):
         raise MeshError(f"axis_names: names must be distinct and non-empty, got {list(names)}")
     hw = get_hardware(hardware)
-    links = tuple(
-        hw.inter_node if math.prod(dims[i:]) > hw.node_size else hw.intra_node for i in range(len(dims))
-    )
+    links = tuple(axis_link(dims, axis, hw) for axis in range(len(dims)))
     return Mesh(shape=dims, axis_names=names, links=links, hardware=hw)
+
+
+def axis_link(dims: tuple[int, ...], axis: int, hardware: Hardware) -> Link:
+    """The link one axis's collectives run over, as a single ring's bandwidth and per-hop latency.
+
+    Inside a node: ``intra_node``. Across nodes, a group of ``n`` devices holds ``g`` devices in each of
+    ``m = n / g`` nodes (``g`` is 1 when the axes inside this one fill a node). Each device has its own
+    NIC, so the ``g`` devices of a node move the node's share across nodes in parallel (NCCL runs one ring
+    per NIC), while the rest of the pass runs over NVLink: a ring pass of ``S`` bytes per device takes
+    ``max((n-1)/n * S / B_intra, (m-1)/m * S / (g * B_inter))``, and this link's bandwidth is the one that
+    gives that time in the ring formula ``(n-1)/n * S / B``. Of the ring's ``n`` hops, ``m`` cross nodes:
+    the latency is their mean."""
+    n = dims[axis]
+    stride = math.prod(dims[axis + 1 :])
+    if n * stride <= hardware.node_size:
+        return hardware.intra_node
+    per_node = min(n, max(1, hardware.node_size // stride))
+    if per_node == 1:
+        return hardware.inter_node
+    nodes = -(-n // per_node)
+    intra, inter = hardware.intra_node, hardware.inter_node
+    seconds_per_byte = max((n - 1) / n / intra.bandwidth, (nodes - 1) / nodes / (per_node * inter.bandwidth))
+    latency = ((n - nodes) * intra.latency + nodes * inter.latency) / n
+    return Link(bandwidth=(n - 1) / n / seconds_per_byte, latency=latency)
 
 
 def parse_mesh_shape(text: str) -> tuple[int, ...]:

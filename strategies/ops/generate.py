@@ -11,8 +11,9 @@ Steps, each in one place:
    may add their own filter; duplicates removed; all-replicate always stays;
 4. cost (vectorised over strategies):
    ``memory_bytes`` = sum over outputs of the largest local piece's bytes;
-   ``compute_s`` = ``max(FLOPs / peak(dtype), bytes read and written / memory bandwidth) + launch``
-   on local shapes (zero for views).
+   ``compute_s`` the op on its local shapes as the hardware achieves it, per op family
+   (:mod:`strategies.cost.compute`: GEMMs by tile and wave quantisation, flash attention by sequence and head
+   dim, the rest at the achieved memory rate; zero for views).
 
 Results are cached by (op, argument shapes/dtypes/values, mesh).
 """
@@ -28,6 +29,7 @@ import numpy as np
 from torch.utils._pytree import tree_map
 
 from strategies.cost.comm import dim_pieces, local_sizes, redistribute_matrix
+from strategies.cost.compute import compute_seconds, is_causal, op_family
 from strategies.cost.mesh import Mesh
 from strategies.ops.registry import OpInfo, OpRules, lookup
 from strategies.placement import NONE, P_MASK, PARTIALS, R, spec_text
@@ -52,6 +54,8 @@ class OpStrategies:
     memory_bytes: np.ndarray
     source: str
     """``autoshard`` (our rules), ``pytorch`` (PyTorch's single-axis rules) or ``replicate`` (fallback)."""
+    flops: np.ndarray | None = None
+    """FLOPs per strategy on local shapes, as counted (every query-key pair of attention); 0 for views."""
 
     def __len__(self) -> int:
         return len(self.compute_s)
@@ -164,7 +168,7 @@ def _build(info: OpInfo, mesh: Mesh, rules: OpRules | None, rows: list, source: 
     specs = specs[keep]
     specs = specs[np.sort(np.unique(specs.reshape(len(specs), -1), axis=0, return_index=True)[1])]
     local = _local_shapes(specs, metas, mesh)
-    compute = _compute_s(info, mesh, rules, local, metas)
+    compute, flops = _compute_s(info, mesh, rules, local, metas)
     out_bytes = np.zeros(len(specs), dtype=np.int64)
     for k, meta in enumerate(info.outputs):
         if meta is not None:
@@ -179,6 +183,7 @@ def _build(info: OpInfo, mesh: Mesh, rules: OpRules | None, rows: list, source: 
         compute,
         out_bytes,
         source,
+        flops,
     )
 
 
@@ -227,11 +232,12 @@ def _local_shapes(specs: np.ndarray, metas: list[TensorMeta | None], mesh: Mesh)
 
 def _compute_s(
     info: OpInfo, mesh: Mesh, rules: OpRules | None, local: list[np.ndarray], metas: list[TensorMeta | None]
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, FLOPs) per strategy: the op on its local shapes as the hardware achieves it
+    (:mod:`strategies.cost.compute`); a view costs nothing."""
     n = len(local[0]) if local else 1
     if rules is not None and rules.kind == "view":
-        return np.zeros(n)
-    hw = mesh.hardware
+        return np.zeros(n), np.zeros(n)
     moved = np.zeros(n)
     for slot, meta in enumerate(metas):
         if meta is not None:
@@ -239,9 +245,20 @@ def _compute_s(
     dtype = next((m.dtype for m in info.inputs if m.dtype.is_floating_point), None) or (
         info.outputs[0].dtype if info.outputs and info.outputs[0] is not None else None
     )
-    peak = hw.flops_for(dtype_name(dtype)) if dtype is not None else hw.flops_for("float32")
     flops = _flops(info, rules, local, metas)
-    return np.maximum(flops / peak, moved / hw.memory_bandwidth) + hw.launch_s
+    family = op_family(info.op)
+    n_out = len(info.outputs)
+    seconds = compute_seconds(
+        mesh.hardware,
+        family,
+        dtype_name(dtype) if dtype is not None else "float32",
+        flops,
+        moved,
+        output_shape=local[0] if n_out and metas[0] is not None else None,
+        query_shape=local[n_out] if len(local) > n_out else None,
+        causal=is_causal(info.op, info.args, info.kwargs),
+    )
+    return seconds, flops
 
 
 def _flops(

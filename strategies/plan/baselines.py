@@ -14,6 +14,8 @@ Rules (``ndim`` mesh axes; "the last axis" is the tensor-parallel one):
   and bias; row-parallel (``wo w2 c_proj down o_proj fc2``) ``S(1)`` weight, ``R`` bias; token embeddings
   vocab-parallel ``S(0)`` when the embedding op has such a strategy, else ``S(1)`` (hidden-sharded); the
   output head (``output``, ``lm_head``) ``S(0)``; everything else (norms, position embeddings, routers) ``R``;
+- ``hsdp`` (meshes of 2+ axes): hybrid sharded data parallel, FSDP's ``S(0)`` on the last axis (inside a
+  node) and ``R`` on the others (replicas across nodes); batch over all axes;
 - ``fsdp_tp`` (meshes of 2+ axes): Megatron on the last axis combined with FSDP's ``S(0)`` on the others.
 
 The batch pin goes on every input whose dim 0 equals the first input's (tokens and targets alike). A pin that
@@ -39,7 +41,7 @@ from solver.problem import Problem
 from strategies.placement import R, spec_text
 from strategies.problem.builder import BuiltProblem, ProblemNode
 
-BASELINES = ("ddp", "fsdp", "megatron", "fsdp_tp")
+BASELINES = ("ddp", "fsdp", "hsdp", "megatron", "fsdp_tp")
 
 _COLUMN = re.compile(
     r"^(wq|wk|wv|w1|w3|c_fc|c_attn|up|up_proj|gate|gate_proj|w_gate|w_up|q_proj|k_proj|v_proj|qkv|fc1)$"
@@ -84,8 +86,8 @@ def solve_baseline(
 
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
-    if name == "fsdp_tp" and built.mesh.ndim < 2:
-        return BaselineResult(name, "not_applicable", None, None, False, "fsdp_tp needs a mesh of 2+ axes")
+    if name in ("fsdp_tp", "hsdp") and built.mesh.ndim < 2:
+        return BaselineResult(name, "not_applicable", None, None, False, f"{name} needs a mesh of 2+ axes")
     pins, notes = _baseline_pins(name, built, None)
     problem = built.problem.replace(pins={**built.problem.pins, **pins})
     message = "; ".join(notes)
@@ -151,8 +153,8 @@ def _baseline_pins(
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}; choose one of {', '.join(BASELINES)}")
     ndim = built.mesh.ndim
-    if name == "fsdp_tp" and ndim < 2:
-        raise ValueError("fsdp_tp needs a mesh of 2+ axes")
+    if name in ("fsdp_tp", "hsdp") and ndim < 2:
+        raise ValueError(f"{name} needs a mesh of 2+ axes")
     names = list(built.parameter_nodes) if parameter_names is None else list(parameter_names)
     pins: dict[int, int] = {}
     notes: list[str] = []
@@ -165,7 +167,7 @@ def _baseline_pins(
         pins[index] = _pin(node, want, f"parameter {pname}", notes)
     # Inputs: the batch over the data-parallel axes.
     # megatron / fsdp_tp: data parallel on all but the last axis
-    batch_axes = list(range(ndim)) if name in ("ddp", "fsdp") else list(range(ndim - 1))
+    batch_axes = list(range(ndim)) if name in ("ddp", "fsdp", "hsdp") else list(range(ndim - 1))
     batch_inputs = _batch_inputs(built)
     for index in built.input_nodes:
         if index in batch_inputs:  # other inputs stay free
@@ -180,6 +182,8 @@ def _parameter_spec(name: str, pname: str, index: int, built: BuiltProblem) -> t
         return (R,) * ndim
     if name == "fsdp":
         return (0,) * ndim
+    if name == "hsdp":
+        return (R,) * (ndim - 1) + (0,)
     tp = _megatron_code(pname, index, built)
     if name == "megatron":
         return (R,) * (ndim - 1) + (tp,)

@@ -21,15 +21,19 @@ again) and ``recompute_freed_bytes`` what they do not hold from forward to backw
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from solver.evaluate import usage_profile
 from solver.solve import SolveResult
-from strategies.cost.comm import local_numel, redistribute_steps
+from strategies.cost.comm import fixed_seconds, local_numel, redistribute_steps
 from strategies.placement import NONE, spec_text
+from strategies.plan.schedule import Move, simulate
 from strategies.problem.builder import COST_UNIT_S, BuiltProblem
+from strategies.problem.comm_roles import GRADIENT, PARAMETER
+from strategies.tensor_meta import dtype_name
 
 PLAN_VERSION = 1
 MEMORY_PROFILE_POINTS = 256
@@ -113,70 +117,125 @@ def make_plan(
     }
 
 
-def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
-    """Step time, compute, communication (seconds and bytes) of an assignment."""
+@dataclass
+class PlanMoves:
+    """What a plan runs besides its ops' compute: every redistribution (:class:`Move`), the seconds of the ops
+    recomputed with a recomputed op (per that op), and the totals a plan reports."""
+
+    moves: list[Move]
+    closure_s: dict[int, float]
+    comm_bytes: float
+    collectives: dict[str, float]
+    recompute_s: float
+
+
+def plan_moves(built: BuiltProblem, chosen: np.ndarray) -> PlanMoves:
+    """Every redistribution an assignment runs, as the runtime runs it (a value moved once for all its readers
+    moved once; the recomputations' moves again), with the steps DTensor takes."""
     problem = built.problem
     node_weight, edge_weight = built.node_weights(), built.edge_weights()
-    by_kind = {"op": 0.0, "input": 0.0}
-    for i, node in enumerate(built.nodes):
-        if node.kind in by_kind:
-            by_kind[node.kind] += float(node_weight[i] * node.compute_s[chosen[i]])
-    compute, load = by_kind["op"], by_kind["input"]
     recompute = sum(
         float(node_weight[i] * node.remake_s[chosen[i]])
         for i, node in enumerate(built.nodes)
         if node.recomputed(int(chosen[i])) and node.remake_s is not None
     )
-    closures = (
-        sum(  # the ops recomputed with them, priced on the edges after the problem's redistributions
-            float(problem.edge_matrix(len(built.edges) + k)[chosen[u], chosen[w]])
-            for k, (u, w) in enumerate(built.recompute_edges)
-        )
-        * COST_UNIT_S
-    )
-    compute += closures
-    recompute += closures
-    comm = hidden = 0.0
-    comm_bytes = 0.0
-    collectives: dict[str, float] = {}
+    closure_s: dict[int, float] = {}  # the ops recomputed with a recomputed op, priced on its node
+    for k, (u, w) in enumerate(built.recompute_edges):
+        seconds = float(problem.edge_matrix(len(built.edges) + k)[chosen[u], chosen[w]]) * COST_UNIT_S
+        closure_s[w] = closure_s.get(w, 0.0) + seconds
+    recompute += sum(closure_s.values())
     once = _moved_once(built, chosen)
     counted: set[tuple[int, int]] = set()
-    moves: list[tuple[int, int]] = []  # (edge, how many times its redistribution runs)
+    runs: list[tuple[int, int]] = []  # (edge, how many times its redistribution runs)
     for e, edge in enumerate(built.edges):
-        seconds = float(problem.edge_matrix(e)[chosen[edge.producer], chosen[edge.consumer]]) * COST_UNIT_S
-        if seconds <= 0:
+        if float(problem.edge_matrix(e)[chosen[edge.producer], chosen[edge.consumer]]) <= 0:
             continue
         value = (edge.producer, edge.output)
         if value in once and value in counted:  # moved once, for its first reader
             continue
         counted.add(value)
-        comm += seconds
-        if edge.kind != "gradient" and built.nodes[edge.consumer].recomputed(int(chosen[edge.consumer])):
-            recompute += seconds / 2  # the redistribution made again
-        if edge.kind in ("parameter", "gradient") and built.overlap < 1:
-            hidden += seconds * built.overlap / (1 - built.overlap)
-        moves.append((e, 1))
-    moves += _moved_again(built, chosen, once).items()
-    for e, times in moves:
+        runs.append((e, 1))
+    runs += _moved_again(built, chosen, once).items()
+    comm_bytes = 0.0
+    collectives: dict[str, float] = {}
+    moves: list[Move] = []
+    for e, times in runs:
         edge = built.edges[e]
         producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
         meta = producer.outputs[edge.output]
         src = tuple(int(c) for c in producer.output_specs[chosen[edge.producer], edge.output])
         dst = tuple(int(c) for c in consumer.input_specs[chosen[edge.consumer], edge.argument])
+        seconds = largest = fixed = 0.0
         for step in redistribute_steps(built.mesh, meta.shape, meta.itemsize, src, dst):
             if step.collective != "local":
                 comm_bytes += step.nbytes * edge_weight[e] * times
                 collectives[step.collective] = collectives.get(step.collective, 0) + edge_weight[e] * times
+                seconds += step.seconds
+                fixed += fixed_seconds(built.mesh, step)
+                largest = max(largest, step.nbytes)
+        if seconds <= 0 or not math.isfinite(seconds):
+            continue
+        scale = float(edge_weight[e]) * times
+        moves.append(Move(e, seconds * scale, largest, fixed * scale))
+        if times == 1 and edge.kind != "gradient" and consumer.recomputed(int(chosen[edge.consumer])):
+            recompute += seconds * float(edge_weight[e]) / 2  # the redistribution made again
+    return PlanMoves(moves, closure_s, comm_bytes, collectives, recompute)
+
+
+def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
+    """Step time, compute, communication (seconds and bytes) of an assignment: the two-stream schedule of
+    :mod:`strategies.plan.schedule` over every op and every redistribution the plan runs."""
+    runs = plan_moves(built, chosen)
+    schedule = simulate(built, chosen, runs.moves, runs.closure_s)
+    flops, at_peak_s = _model_flops(built, chosen)
     return {
-        "step_time_s": compute + load + comm,
-        "compute_s": compute,
-        "load_s": load,
-        "comm_s": comm,
-        "hidden_comm_s": hidden,
-        "comm_bytes": int(comm_bytes),
-        "recompute_s": recompute,
-        "collectives": {name: round(count) for name, count in collectives.items()},
+        "step_time_s": schedule.step_time_s,
+        "compute_s": schedule.compute_s,
+        "load_s": schedule.load_s,
+        "comm_s": schedule.comm_s,
+        "exposed_comm_s": schedule.exposed_comm_s,
+        "hidden_comm_s": schedule.hidden_comm_s,
+        "contention_s": schedule.contention_s,
+        "comm_bytes": int(runs.comm_bytes),
+        "recompute_s": runs.recompute_s,
+        "collectives": {name: round(count) for name, count in runs.collectives.items()},
+        "model_flops": flops,
+        "mfu": at_peak_s / schedule.step_time_s if schedule.step_time_s > 0 else 0.0,
+        "prefetch_bytes": int(schedule.prefetch_bytes),
+        "hidden_share": {
+            kind: round(schedule.hidden_share(kind), 4) for kind in sorted(schedule.comm_by_kind)
+        },
     }
+
+
+def simulated_credit(built: BuiltProblem, chosen: np.ndarray) -> dict[str, float]:
+    """The credit the schedule of ``chosen`` earns per role (:mod:`strategies.problem.comm_roles`): the share
+    of its collectives the simulator hides, less what hiding costs (``overlap_slowdown``); a role the plan
+    moves nothing for keeps the credit it was solved with."""
+    runs = plan_moves(built, chosen)
+    schedule = simulate(built, chosen, runs.moves, runs.closure_s)
+    keep = 1.0 - built.mesh.hardware.overlap_slowdown
+    credit = dict(built.credit)
+    for role in (PARAMETER, GRADIENT):
+        if schedule.comm_by_kind.get(role, 0.0) > 0:
+            credit[role] = schedule.hidden_share(role) * keep
+    return credit
+
+
+def _model_flops(built: BuiltProblem, chosen: np.ndarray) -> tuple[float, float]:
+    """FLOPs per device of one step's ops (a recomputation's not counted again; attention's every query-key
+    pair, as model FLOPs utilisation is usually stated) and the seconds they take at the dense peak of each
+    op's dtype: their ratio to the step time is the model FLOPs utilisation."""
+    hardware, weight = built.mesh.hardware, built.node_weights()
+    flops = at_peak = 0.0
+    for i, node in enumerate(built.nodes):
+        if node.kind != "op" or node.flops is None:
+            continue
+        count = float(weight[i] * node.flops[chosen[i]])
+        meta = next((m for m in node.outputs if m is not None), None)
+        flops += count
+        at_peak += count / hardware.flops_for(dtype_name(meta.dtype) if meta is not None else "float32")
+    return flops, at_peak
 
 
 def recompute_freed(built: BuiltProblem, chosen: np.ndarray) -> int:

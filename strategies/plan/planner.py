@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from solver.errors import InfeasibleError
@@ -19,8 +20,8 @@ from solver.solve import SolveResult, solve
 from strategies.cost.mesh import Mesh, make_mesh
 from strategies.graph.passes import capture_for_planning
 from strategies.placement import parse_spec
-from strategies.plan.plan_json import make_plan
-from strategies.problem.builder import BuiltProblem, build_step_problem
+from strategies.plan.plan_json import make_plan, predict, simulated_credit
+from strategies.problem.builder import BuiltProblem, build_step_problem, first_credit, recredit
 from strategies.problem.layer_repeat import MIN_CAPTURED, LayerRepeat
 from strategies.problem.recompute import AUTO
 from strategies.problem.recompute import NONE as NO_RECOMPUTE
@@ -86,8 +87,6 @@ class PlanRequest:
     time_limit: float = 60.0
     gap: float = DEFAULT_GAP
     """The solver may stop once its plan is proven within this share of the optimum (0: prove optimality)."""
-    overlap: float = 0.0
-    """Fraction of parameter all-gathers and gradient reductions hidden behind compute."""
     options: dict[str, Any] = field(default_factory=dict)
     """Model configuration overrides (``{"d": 8192}`` for ``mlp``, config fields for the language models)."""
     input_placements: dict[int, list[str]] = field(default_factory=dict)
@@ -99,8 +98,9 @@ class PlanRequest:
     """Deeper built-in language models are captured with this many layers (first, tied middle copies,
     last) standing for the whole stack (:mod:`strategies.problem.layer_repeat`); None captures every layer."""
     baseline: str | None = None
-    """Plan a hand-written layout instead (``ddp``, ``fsdp``, ``megatron``, ``fsdp_tp``): its parameter and
-    batch placements are pinned and the solver chooses the rest (:mod:`strategies.plan.baselines`)."""
+    """Plan a hand-written layout instead (``ddp``, ``fsdp``, ``hsdp``, ``megatron``, ``fsdp_tp``): its
+    parameter and batch placements are pinned and the solver chooses the rest
+    (:mod:`strategies.plan.baselines`)."""
     recompute: str = AUTO
     """Activation recomputation (:mod:`strategies.problem.recompute`): ``auto`` (the program chooses what to
     keep for the backward and what to make again), ``none``, ``selective`` (keep the outputs of matrix
@@ -211,6 +211,7 @@ def _solve_and_plan(
                 result, problem, built = second, second_problem, again
     if result is None:
         raise _budget_error(failure, request, mesh) from failure
+    result, problem, built = _recredited(request, built, result, problem, say, threads, phase)
     fastest = result
     if request.baseline is None and _wants_headroom(result, problem.usage_limit):
         spent = time.perf_counter() - phase
@@ -221,6 +222,43 @@ def _solve_and_plan(
     plan = make_plan(built, result, request=request_record(request), fastest=fastest)
     plan["timings"] = {**timings, "total": time.perf_counter() - started}
     return PlanOutcome(plan, built, result, timings)
+
+
+def _recredited(
+    request: PlanRequest,
+    built: BuiltProblem,
+    result: SolveResult,
+    problem: Problem,
+    say: Progress,
+    threads: int,
+    phase: float,
+) -> tuple[SolveResult, Problem, BuiltProblem]:
+    """Solve, simulate, re-credit: while the share of parameter gathers and gradient reductions the simulated
+    plan hides (less what hiding costs) differs from the credit it was solved with by more than
+    `RECREDIT_STEP`, solve again under the simulated credit (at most `RECREDIT_ROUNDS` times, in the time
+    left); the plan of shorter simulated step time is kept."""
+    if built.mesh.hardware.overlap_slowdown >= 1.0:  # hiding gains nothing: no credit to earn
+        return result, problem, built
+    best_s = None
+    for _ in range(RECREDIT_ROUNDS):
+        credit = simulated_credit(built, np.asarray(result.solution, dtype=np.int64))
+        moved = max((abs(share - built.credit.get(role, 0.0)) for role, share in credit.items()), default=0.0)
+        left = request.time_limit - (time.perf_counter() - phase)
+        if moved <= RECREDIT_STEP or left < MIN_SECOND_SOLVE_S:
+            break
+        say("overlap credit " + ", ".join(f"{role} {share:.2f}" for role, share in sorted(credit.items())))
+        if best_s is None:
+            best_s = predict(built, np.asarray(result.solution, dtype=np.int64))["step_time_s"]
+        again = recredit(built, credit)
+        try:
+            second, second_problem = _solve_built(request, again, say, threads, left)
+        except InfeasibleError:
+            break
+        step_s = predict(again, np.asarray(second.solution, dtype=np.int64))["step_time_s"]
+        if step_s >= best_s:
+            break
+        result, problem, built, best_s = second, second_problem, again, step_s
+    return result, problem, built
 
 
 def _solve_built(
@@ -242,6 +280,12 @@ def _solve_built(
         progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
     )
     return result, problem
+
+
+RECREDIT_STEP = 0.15
+"""Re-solve when the simulated credit of a role moved by more than this from the credit solved with."""
+RECREDIT_ROUNDS = 2
+"""At most this many solves after the first to make the credit hold."""
 
 
 def _wants_headroom(result: SolveResult, limit: int | None) -> bool:
@@ -275,8 +319,8 @@ def _check_baseline(name: str | None, mesh: Mesh) -> None:
 
     if name is not None and name not in BASELINES:
         raise ValueError(f"baseline: unknown layout {name!r}; choose one of {', '.join(BASELINES)}")
-    if name == "fsdp_tp" and mesh.ndim < 2:
-        raise ValueError("baseline: fsdp_tp needs a mesh of 2 or more axes")
+    if name in ("fsdp_tp", "hsdp") and mesh.ndim < 2:
+        raise ValueError(f"baseline: {name} needs a mesh of 2 or more axes")
 
 
 def _budget_error(error: InfeasibleError, request: PlanRequest, mesh: Mesh) -> InfeasibleError:
@@ -453,7 +497,7 @@ def _build(
                 (repeat.captured_name(n) if repeat is not None else n): parse_spec(p)
                 for n, p in request.parameter_placements.items()
             },
-            overlap=request.overlap,
+            credit=first_credit(mesh),
             share_layers=request.share_layers,
             repeat=repeat,
             recompute=recompute,

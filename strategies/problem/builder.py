@@ -25,13 +25,19 @@ with it hold its bytes over the parts of its life.
 Edges: per consumer tensor argument, the producer-output -> consumer-input redistribution matrix
 (:meth:`OpStrategies.redistribute_from`); an edge into a value an op writes in place (or into a view on the
 way to it) keeps its placement (:mod:`strategies.problem.in_place`). Costs are stored in microseconds
-(``COST_UNIT_S``) so solver tolerances see numbers near one; memory in bytes. ``overlap`` discounts the
-collectives that overlap with compute in practice: parameter all-gathers (edges out of a parameter) and
-gradient reductions (edges into a sink) cost ``(1 - overlap)`` of their time.
+(``COST_UNIT_S``) so solver tolerances see numbers near one; memory in bytes.
+
+**Overlap credit.** The objective stays linear: a collective a schedule can hide behind compute (a parameter's
+gather or a gradient's reduction, by each edge's role, :mod:`strategies.problem.comm_roles`) is priced at
+``1 - credit[role]`` of its time, where the credit is the share of that role the two-stream simulator hid in
+the plan (:mod:`strategies.plan.schedule`) less what hiding costs the compute (``overlap_slowdown``); the
+planner solves, simulates and re-credits (:func:`recredit`) until the credit holds. Activations' moves are
+never credited: their readers wait for them.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import operator
 from collections.abc import Mapping, Sequence
@@ -41,12 +47,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from solver.problem import Problem
+from solver.problem import FORBIDDEN_COST, Problem
 from strategies.cost.comm import dim_pieces, local_sizes, redistribute_parts
 from strategies.cost.comm_kernel import expand_into
 from strategies.cost.mesh import Mesh
 from strategies.ops.generate import op_strategies
 from strategies.placement import NONE, R, Spec
+from strategies.problem.comm_roles import ACTIVATION, GRADIENT, PARAMETER, edge_roles
 from strategies.problem.in_place import forbid_moves, placement_kept
 from strategies.problem.layer_repeat import LayerRepeat, cost_weights, ghost_intervals
 from strategies.problem.layer_sharing import layer_of, merge_groups, tied_layer_groups, tied_layers
@@ -99,6 +106,8 @@ class ProblemNode:
     """Per strategy, the seconds of ``compute_s`` that make the outputs again (:mod:`.recompute`)."""
     held_for: str = ""
     """A ``kept``/``held`` node's op: the part of its output's life it holds (:mod:`.recompute`)."""
+    flops: np.ndarray | None = None
+    """An op node's FLOPs per strategy (as counted, for model FLOPs utilisation); None for other kinds."""
 
     def recomputed(self, strategy: int) -> bool:
         """Whether an op node's ``strategy`` makes its outputs again in the backward."""
@@ -131,9 +140,17 @@ class BuiltProblem:
     edge_weight: np.ndarray | None = None
     """How many times each edge's redistribution counts in the step, else 1."""
     repeat: LayerRepeat | None = None
-    overlap: float = 0.0
-    """The share of parameter gathers and gradient reductions hidden behind compute (their edges cost the
-    rest)."""
+    credit: dict[str, float] = field(default_factory=dict)
+    """Per edge role (``parameter``, ``gradient``), the share of its collectives' time the objective takes off
+    (the module docstring)."""
+    edge_roles: list[str] | None = None
+
+    def roles(self) -> list[str]:
+        """Each edge's role (:func:`strategies.problem.comm_roles.edge_roles`), computed once."""
+        if self.edge_roles is None:
+            self.edge_roles = edge_roles(self.nodes, self.edges, self.problem.intervals)
+        return self.edge_roles
+
     recompute_edges: list[tuple[int, int]] = field(default_factory=list)
     """The problem's edges after `edges`: (closure op, recomputed op) pairs pricing the closure's compute,
     and (frontier value, recomputed op) pairs forbidding its absence (:mod:`strategies.problem.recompute`)."""
@@ -189,9 +206,9 @@ def tensor_placements(meta: TensorMeta, mesh: Mesh) -> np.ndarray:
 
 
 class _Builder:
-    def __init__(self, mesh: Mesh, overlap: float) -> None:
+    def __init__(self, mesh: Mesh, credit: Mapping[str, float]) -> None:
         self.mesh = mesh
-        self.overlap = overlap
+        self.credit = dict(credit)
         self.nodes: list[ProblemNode] = []
         self.intervals: list[tuple[int, int]] = []
         self.edges: list[Edge] = []
@@ -225,7 +242,7 @@ class _Builder:
         extra: Sequence[tuple[int, int]] = (),
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Every edge's ``[producer strategy, consumer strategy]`` costs (the seconds of its redistribution,
-        the overlapped share of parameter and gradient moves taken off, in `COST_UNIT_S`, times the edge's
+        the credited share of parameter and gradient moves taken off, in `COST_UNIT_S`, times the edge's
         weight), written end to end into one array (the problem's, without a copy: 40 million costs on a
         3-D mesh); then zero matrices for the ``extra`` node pairs, in the same array."""
         sizes = [len(rows) * len(cols) for _table, rows, cols in self.edge_parts]
@@ -234,11 +251,13 @@ class _Builder:
         flat = np.empty(sum(sizes) + sum(extra_sizes))
         matrices: list[np.ndarray] = []
         start = 0
-        for edge, (table, rows, cols), size, weight in zip(
-            self.edges, self.edge_parts, sizes, weights.tolist(), strict=True
+        credited = any(self.credit.values())
+        roles = edge_roles(self.nodes, self.edges, self.intervals) if credited else [ACTIVATION] * len(sizes)
+        for edge, role, (table, rows, cols), size, weight in zip(
+            self.edges, roles, self.edge_parts, sizes, weights.tolist(), strict=True
         ):
             matrix = flat[start : start + size].reshape(len(rows), len(cols))
-            factor = 1.0 - self.overlap if edge.kind in ("parameter", "gradient") else 1.0
+            factor = 1.0 - min(MAX_CREDIT, self.credit.get(role, 0.0))
             expand_into(table, rows, cols, factor, COST_UNIT_S, weight, matrix)
             if edge.keeps_placement:
                 producer, consumer = self.nodes[edge.producer], self.nodes[edge.consumer]
@@ -291,7 +310,7 @@ def build_problem(
     memory_limit: int | None = None,
     input_placements: Mapping[int, Spec] | None = None,
     parameter_placements: Mapping[str, Spec] | None = None,
-    overlap: float = 0.0,
+    credit: Mapping[str, float] | None = None,
     optimizer_state_bytes: int = ADAM_STATE_BYTES,
     module_path: Mapping[str, str] | None = None,
     share_layers: bool = True,
@@ -311,7 +330,7 @@ def build_problem(
     import time
 
     started = time.perf_counter()
-    b = _Builder(mesh, overlap)
+    b = _Builder(mesh, credit or {})
     buffers = buffers or {}
     order, position, last_use, alive_until = _step_positions(gm, gradients)
     end = len(order) + 2
@@ -367,6 +386,7 @@ def build_problem(
             memory_bytes=strategies.memory_bytes,
             call=call,
             rules=strategies.source,
+            flops=strategies.flops,
         )
         born = position[node] + (1 if _is_view(node) else 0)
         if node in candidates:
@@ -454,7 +474,7 @@ def build_problem(
     )
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
     built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
-    built.overlap = overlap
+    built.credit = {role: min(MAX_CREDIT, share) for role, share in (credit or {}).items()}
     built.recompute_edges = extra
     built.recompute_closures = {w: tuple(index_of[n] for n in c.closure) for w, c in recomputed.items()}
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
@@ -473,6 +493,8 @@ def _add_candidate(b: _Builder, pn: ProblemNode, candidate: Candidate, born: int
     pn.remake_s = np.where(modes == RECOMPUTE, compute_s + dispatch, 0.0)
     pn.compute_s = compute_s + pn.remake_s
     pn.memory_bytes = np.tile(pn.memory_bytes, copies)
+    if pn.flops is not None:
+        pn.flops = np.tile(pn.flops, copies)  # the model's FLOPs: a recomputation's are not counted again
     pn.modes = modes
     forward_end = max(born + 1, candidate.forward_last + 1)
     index = b.add_node(pn, born, forward_end)
@@ -544,6 +566,35 @@ def _recomputation_terms(
             alive_until.get(fx_of[u], 0),
         )
         matrix[np.ix_(~rows, columns)] = np.inf
+
+
+MAX_CREDIT = 0.9
+"""The most of a collective's time the objective takes off: a plan never sees a collective as free."""
+
+
+def first_credit(mesh: Mesh) -> dict[str, float]:
+    """The credit a first solve prices with, before any plan was simulated: every parameter gather and
+    gradient reduction hidden, at the cost the hardware's ``overlap_slowdown`` says hiding has."""
+    share = min(MAX_CREDIT, 1.0 - mesh.hardware.overlap_slowdown)
+    return {PARAMETER: share, GRADIENT: share}
+
+
+def recredit(built: BuiltProblem, credit: Mapping[str, float]) -> BuiltProblem:
+    """``built`` with its parameter and gradient edges priced under ``credit`` instead of its own (a new
+    problem; nodes, edges and everything else shared). Forbidden costs stay forbidden."""
+    costs = built.problem.edge_costs.copy()
+    offsets = built.problem.edge_offsets
+    for e, role in enumerate(built.roles()):
+        old, new = built.credit.get(role, 0.0), min(MAX_CREDIT, credit.get(role, 0.0))
+        if old == new:
+            continue
+        part = costs[offsets[e] : offsets[e + 1]]
+        allowed = part < FORBIDDEN_COST
+        part[allowed] *= (1.0 - new) / (1.0 - old)
+    again = copy.copy(built)
+    again.problem = built.problem.replace(edge_costs=costs)
+    again.credit = {role: min(MAX_CREDIT, share) for role, share in credit.items()}
+    return again
 
 
 def build_step_problem(graph: JointGraph, mesh: Mesh, **options: Any) -> BuiltProblem:

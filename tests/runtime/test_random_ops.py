@@ -20,6 +20,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from runtime.one_process import CheckFailed, compare, naming_randomness
 from runtime.random_ops import draws_random, run_whole
 from runtime.worker import RunOptions, device_mesh, run_rank
+from strategies.cost.hardware import PLAIN_ROOFLINE
 from strategies.placement import parse_spec, to_dtensor
 from strategies.plan.planner import PlanRequest, plan_model
 
@@ -111,6 +112,7 @@ def test_a_check_failing_on_a_step_with_random_ops_says_so() -> None:
 
 SLOW_COMPUTE = {  # every FLOP and byte costs, a collective almost nothing: sharding the activations pays
     "base": "h100",
+    **PLAIN_ROOFLINE,
     "memory_bandwidth": 1e10,
     "intra_node": {"bandwidth": 1e12, "latency": 1e-7},
     "launch_s": 1e-9,

@@ -31,7 +31,7 @@ MODELS = {
 
 
 def request(model: dict[str, Any], **fields: Any) -> PlanRequest:
-    return PlanRequest(mesh="4", dtype="float32", time_limit=30, **model, **fields)
+    return PlanRequest(mesh="4", dtype="float32", time_limit=30, hardware="cpu", **model, **fields)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

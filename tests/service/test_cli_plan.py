@@ -24,6 +24,8 @@ def test_plan_writes_the_plan_and_prints_a_summary(tmp_path: Path) -> None:
     plan = json.loads(out.read_text())
     assert plan["version"] == 1 and plan["parameters"]["w1.weight"] == ["R"]
     assert "predicted step time" in stdout and "certificate: optimal" in stdout
+    assert "exposed," in stdout and "hidden behind compute" in stdout
+    assert f"model FLOPs utilisation {100 * plan['predicted']['mfu']:.1f}%" in stdout
     assert "w1.weight" in stdout and f"plan written to {out}" in stdout
     assert "capturing" in stderr  # progress goes to stderr
 

@@ -115,6 +115,8 @@ def test_metrics_report_jobs_by_state_queue_depth_and_latency(client: TestClient
         ({**MLP, "options": {"depth": 3}}, "options.depth"),
         ({**MLP, "hardware": "tpu9"}, "hardware"),
         ({**MLP, "hardware": {"base": "h100", "warp_drive": 1}}, "hardware.warp_drive"),
+        ({**MLP, "hardware": {"base": "h100", "matmul_efficiency": 1.5}}, "hardware.matmul_efficiency"),
+        ({**MLP, "hardware": {"base": "h100", "overlap_slowdown": -1}}, "hardware.overlap_slowdown"),
         ({**MLP, "solver": {"backend": "gurobi"}}, "solver.backend"),
         ({**MLP, "solver": {"time_limit_s": 10**6}}, "solver.time_limit_s"),
         ({**MLP, "pinned": {"inputs": {"0": ["S(0)", "R"]}}}, "pinned.inputs.0"),
@@ -290,3 +292,13 @@ def test_cors_is_off_unless_origins_are_set(make_client) -> None:
     assert "access-control-allow-origin" not in make_client().options("/v1/plans", headers=preflight).headers
     allowed = make_client(cors_origins=["https://example.org"]).options("/v1/plans", headers=preflight)
     assert allowed.headers["access-control-allow-origin"] == "https://example.org"
+
+
+def test_a_request_may_replace_the_achieved_rates_of_its_hardware() -> None:
+    from service.app.schemas import PlanSubmission, hardware_document
+    from service.planning import service_hardware
+
+    figures = {"base": "h100", "attention_efficiency": 0.65, "overlap_slowdown": 0, "sm_count": 144}
+    submission = PlanSubmission.model_validate({**MLP, "hardware": figures})
+    hardware = service_hardware(hardware_document(submission.hardware))
+    assert (hardware.attention_efficiency, hardware.overlap_slowdown, hardware.sm_count) == (0.65, 0.0, 144)

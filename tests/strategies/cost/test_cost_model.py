@@ -273,24 +273,26 @@ def _mm_compute(hardware: str, out: tuple[int, ...], inputs: tuple[tuple[int, ..
     raise AssertionError(f"no strategy {out} <- {inputs}")
 
 
-def test_a_big_bf16_mm_on_h100_is_flop_bound_and_halves_when_sharded() -> None:
+def test_a_big_bf16_mm_on_h100_runs_at_cublas_rate_and_halves_when_sharded() -> None:
     hw = PRESETS["h100"]
     n = 8192
     whole = _mm_compute("h100", (R,), ((R,), (R,)))
-    flop_time = 2 * n**3 / hw.peak_flops["bfloat16"]
-    memory_time = 3 * n * n * 2 / hw.memory_bandwidth
-    assert flop_time > 5 * memory_time  # FLOP-bound
-    assert math.isclose(whole, flop_time + hw.launch_s, rel_tol=1e-6)
+    kernel_s = (whole - hw.launch_s) * hw.sustained_efficiency  # the kernel alone, not within a step
+    # cuBLAS reaches 795 TFLOP/s at 8192^3 bf16 (pranjalssh/fast.cu README); the model, fitted to XLA's
+    # sm_90 table and the MAMF table, within 3% of it
+    assert math.isclose(2 * n**3 / kernel_s, 795e12, rel_tol=0.03)
     contracting = _mm_compute("h100", (P,), ((1,), (0,)))
     rows = _mm_compute("h100", (0,), ((0,), (R,)))
     cols = _mm_compute("h100", (1,), ((R,), (1,)))
-    for sharded in (contracting, rows, cols):
-        assert math.isclose(sharded / whole, 0.5, rel_tol=0.01)
+    for sharded in (contracting, rows, cols):  # 32 and 16 waves of 128x128 tiles: no quantisation loss
+        assert math.isclose(sharded / whole, 0.5, rel_tol=0.02)
 
 
-def test_a_small_mm_costs_a_launch_and_is_not_sped_up_by_sharding() -> None:
-    s = op_strategies(aten.mm.default, (T((8, 8)), T((8, 8))), {}, make_mesh((4,), hardware="h100"))
-    assert all(math.isclose(c, PRESETS["h100"].launch_s, rel_tol=0.01) for c in s.compute_s)
+def test_a_small_mm_costs_about_a_launch_and_is_not_sped_up_by_sharding() -> None:
+    tensor = T((8, 8), torch.bfloat16)
+    s = op_strategies(aten.mm.default, (tensor, tensor), {}, make_mesh((4,), hardware="h100"))
+    launch = PRESETS["h100"].launch_s
+    assert all(launch < c < 1.2 * launch for c in s.compute_s)
 
 
 def test_a_slower_gpu_takes_longer_for_the_same_mm() -> None:

@@ -144,4 +144,4 @@ def test_unknown_baseline(solved):
         solve_baseline("zero3", outcome.built)
     with pytest.raises(ValueError, match="no such parameter"):
         baseline_pins("ddp", outcome.built, ["nope"])
-    assert np.all(np.isin(list(BASELINES), ["ddp", "fsdp", "megatron", "fsdp_tp"]))
+    assert np.all(np.isin(list(BASELINES), ["ddp", "fsdp", "hsdp", "megatron", "fsdp_tp"]))

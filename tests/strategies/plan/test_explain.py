@@ -57,7 +57,7 @@ def test_delta_is_the_change_of_the_whole_objective(outcome):
     solution = np.asarray(outcome.result.solution)
     report = explain(built, solution, "w1.weight")
     assert report["group"] == ["w1.weight", "w1.weight.grad"]
-    assert report["objective_s"] == pytest.approx(outcome.plan["predicted"]["step_time_s"])
+    assert report["objective_s"] == pytest.approx(outcome.plan["solver"]["objective"])
     for alternative in report["alternatives"]:
         trial = solution.copy()
         trial[[built.parameter_nodes["w1.weight"], built.gradient_nodes["w1.weight"]]] = alternative[

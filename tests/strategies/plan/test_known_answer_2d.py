@@ -96,8 +96,11 @@ def test_block_weights_are_megatron_on_tp(outcome) -> None:
     params = outcome.plan["parameters"]
     for name in COLUMN:  # output features (dim 0 of the [out, in] weight) cut over tp
         assert params[f"layers.0.{name}.weight"][TP] == "S(0)", name
-    for name in ROW:  # input features cut over tp
-        assert params[f"layers.0.{name}.weight"][TP] == "S(1)", name
+    assert params["layers.0.feed_forward.w2.weight"][TP] == "S(1)"  # input features cut over tp
+    # The attention output projection costs the same replicated over tp under the achieved-rate model (issue
+    # 27): test_megatron_on_tp_is_proven_optimal proves the Megatron row split an optimum, whichever of the
+    # two the solver returns.
+    assert params["layers.0.attention.wo.weight"][TP] in ("S(1)", "R")
     # The 8-head key/value projections (1024 x 4096) cost exactly the same replicated over tp: their weight is
     # gathered for the backward either way (or, replicated, their gradient is). Nothing in the objective
     # prices the replicated optimizer state, so either is an optimum; column parallel is among them
