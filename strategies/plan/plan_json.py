@@ -1,16 +1,18 @@
 """The plan: what the solver chose, in the plan JSON of docs/plan-format.md (version 1), and what it
 predicts.
 
-``predicted`` re-derives every figure from the chosen strategies (not from the solver's objective):
-``compute_s`` sums the chosen ops' compute, ``load_s`` the inputs' host-to-device loads, ``comm_s`` the chosen
-edges' redistribution time (after the overlap discount), ``comm_bytes`` the bytes each device sends or
-receives on those edges (per the steps DTensor takes), ``hidden_comm_s`` the parameter gathers and gradient
-reductions the overlap discount hid behind compute (not in ``comm_s``), ``peak_memory_bytes`` the largest
-per-device total of live tensors over the step and ``memory_profile`` that total along the step
-(:func:`memory_profile`). A value that all its readers read in one same other placement, no larger than
-its own (the partial output that the loss and its backward both read replicated), is moved once and the copy
-replaces it, as the runtime does: the objective, which prices each edge on its own, counts such a move once
-per reader, so ``step_time_s`` is at most the solver's objective, and equal to it when no such move repeats.
+``predicted`` re-derives every figure from the chosen strategies (not from the solver's objective): every
+redistribution the plan runs (:func:`plan_moves`, with the steps DTensor takes) and every op's compute are
+replayed on two streams (:mod:`strategies.plan.schedule`): ``step_time_s``, ``compute_s``, ``load_s`` (the
+inputs' host-to-device loads), ``comm_s``, its ``exposed_comm_s`` and ``hidden_comm_s``, ``contention_s``,
+``hidden_share`` per role; ``comm_bytes`` the bytes each device sends or receives; ``model_flops`` and
+``mfu``; ``prefetch_bytes``; ``peak_memory_bytes`` the largest per-device total of live tensors over the step
+and ``memory_profile`` that total along the step (:func:`memory_profile`). A value that all its readers read
+in one same other placement, no larger than its own (the partial output that the loss and its backward both
+read replicated), is moved once and the copy replaces it, as the runtime does (the objective prices each edge
+on its own); the moves a recomputation makes again are run again. The objective prices a credited share of the
+gathers and reductions off and every collective on its own, the schedule hides what overlaps and buckets a
+layer's collectives, so ``step_time_s`` may sit on either side of the solver's objective.
 Where the plan is not the time-optimal solve's answer but one of smaller peak within the gap
 (:mod:`solver.headroom`), ``fastest`` holds that answer's ``step_time_s`` and ``peak_memory_bytes``.
 ``recompute`` names the ops whose outputs the backward makes again (:mod:`strategies.problem.recompute`);
