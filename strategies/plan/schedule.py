@@ -31,13 +31,13 @@ are the plan's own (the cost model's): the simulator decides what overlaps.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from strategies.problem.builder import BuiltProblem
-from strategies.problem.comm_roles import GRADIENT, PARAMETER, gradient_tail, op_order, weights_of
+from strategies.problem.comm_roles import GRADIENT, PARAMETER
 from strategies.problem.layer_sharing import layer_of
 
 PREFETCH_GROUPS = 1
@@ -95,8 +95,8 @@ def simulate(
     of them replays one plan many times)."""
     nodes, weight = built.nodes, built.node_weights()
     extra = extra_compute_s or {}
-    intervals = built.problem.intervals
-    ops = op_order(nodes, intervals)
+    step_roles = built.step_roles()
+    ops, roles = step_roles.ops, step_roles.roles
     order = {node: k for k, node in enumerate(ops)}
     load = sum(
         float(weight[i] * nodes[i].compute_s[chosen[i]]) for i, n in enumerate(nodes) if n.kind == "input"
@@ -106,9 +106,7 @@ def simulate(
     ]
     slowdown = built.mesh.hardware.overlap_slowdown if overlap_slowdown is None else overlap_slowdown
 
-    tail = {order[node] for node in gradient_tail(nodes, built.edges, ops)}
-    weight_of = weights_of(nodes, built.edges, ops)
-    roles = built.roles()
+    tail = {order[node] for node in step_roles.tail}
     needed: dict[int, list[int]] = {}  # op position -> moves its start waits for
     after_op: dict[int, list[int]] = {}  # op position -> moves ready when it ends
     ready_at_start: list[int] = []
@@ -131,7 +129,7 @@ def simulate(
         else:
             after_op.setdefault(order[edge.producer], []).append(m)
     issue_at, groups, prefetch_bytes = _prefetch_plan(
-        built, moves, gathers, order, weight_of, prefetch_groups
+        built, moves, gathers, order, step_roles.made_from, prefetch_groups
     )
     issue_at.update({m: order[built.edges[moves[m].edge].consumer] for m in late})
     reductions = [m for m, kind in enumerate(kinds) if kind == GRADIENT]
@@ -178,8 +176,8 @@ def simulate(
         run_until(queue[0][1])
     for m, end in finish.items():  # what runs past the compute's end is exposed too
         if end > clock:
-            tail = min(durations_of[m], end - clock)
-            exposed_by_kind[kinds[m]] = exposed_by_kind.get(kinds[m], 0.0) + tail
+            past_end = min(durations_of[m], end - clock)
+            exposed_by_kind[kinds[m]] = exposed_by_kind.get(kinds[m], 0.0) + past_end
     compute = sum(durations)
     comm = sum(durations_of)
     exposed = min(comm, max(0.0, max(clock, comm_free) - compute - load))  # no more than there is (rounding)
@@ -218,17 +216,13 @@ def _prefetch_plan(
     layer of their parameter (runs of one layer; parameters outside the layers form their own group);
     group ``k``'s are issued at the start of group ``k - prefetch_groups``'s first reader."""
     nodes, edges = built.nodes, built.edges
-    by_reader = sorted(gathers, key=lambda m: order[edges[moves[m].edge].consumer])
-    groups: list[list[int]] = []
-    last_key: object = object()
-    for m in by_reader:
+
+    def parameter_layer(m: int) -> object:
         producer = edges[moves[m].edge].producer
-        layer = layer_of(nodes[weight_of.get(producer, producer)].name)
-        key = ("layer", layer) if layer is not None else ("outside",)
-        if key != last_key:
-            groups.append([])
-            last_key = key
-        groups[-1].append(m)
+        return _layer_key(nodes[weight_of.get(producer, producer)].name)
+
+    by_reader = sorted(gathers, key=lambda m: order[edges[moves[m].edge].consumer])
+    groups = _runs(by_reader, parameter_layer)
     issue_at: dict[int, int] = {}
     for g, group in enumerate(groups):
         ahead = g - prefetch_groups
@@ -246,26 +240,40 @@ def _reduction_buckets(
     reductions (in the order their producers run) whose producers sit in one layer, an op's layer being that
     of the last parameter read at or before it."""
     layer_at: list[object] = []
-    current: object = ("outside",)
+    current = _layer_key("")
     read_by: dict[int, object] = {}
     for edge in built.edges:
         producer = built.nodes[edge.producer]
         if producer.kind == "parameter" and edge.consumer in order:
-            layer = layer_of(producer.name)
-            read_by[order[edge.consumer]] = ("layer", layer) if layer is not None else ("outside",)
+            read_by[order[edge.consumer]] = _layer_key(producer.name)
     for k in range(len(ops)):
         current = read_by.get(k, current)
         layer_at.append(current)
-    buckets: list[list[int]] = []
-    last: object = object()
-    for m in sorted(reductions, key=lambda m: order.get(built.edges[moves[m].edge].producer, -1)):
+
+    def producer_layer(m: int) -> object:
         position = order.get(built.edges[moves[m].edge].producer)
-        key = layer_at[position] if position is not None else ("outside",)
-        if key != last:
-            buckets.append([])
-            last = key
-        buckets[-1].append(m)
-    return buckets
+        return layer_at[position] if position is not None else _layer_key("")
+
+    by_producer = sorted(reductions, key=lambda m: order.get(built.edges[moves[m].edge].producer, -1))
+    return _runs(by_producer, producer_layer)
+
+
+def _layer_key(name: str) -> object:
+    """The layer a parameter's name puts it in (``layers.N``); every name outside the layers shares one."""
+    layer = layer_of(name)
+    return ("layer", layer) if layer is not None else ("outside",)
+
+
+def _runs(items: Sequence[int], key: Callable[[int], object]) -> list[list[int]]:
+    """``items`` cut into runs of consecutive items with the same key."""
+    runs: list[list[int]] = []
+    last: object = object()
+    for item in items:
+        if (current := key(item)) != last:
+            runs.append([])
+            last = current
+        runs[-1].append(item)
+    return runs
 
 
 def _bucketed(moves: Sequence[Move], groups: list[list[int]]) -> list[float]:

@@ -53,7 +53,7 @@ from strategies.cost.comm_kernel import expand_into
 from strategies.cost.mesh import Mesh
 from strategies.ops.generate import op_strategies
 from strategies.placement import NONE, R, Spec
-from strategies.problem.comm_roles import ACTIVATION, GRADIENT, PARAMETER, edge_roles
+from strategies.problem.comm_roles import ACTIVATION, GRADIENT, PARAMETER, StepRoles, step_roles
 from strategies.problem.in_place import forbid_moves, placement_kept
 from strategies.problem.layer_repeat import LayerRepeat, cost_weights, ghost_intervals
 from strategies.problem.layer_sharing import layer_of, merge_groups, tied_layer_groups, tied_layers
@@ -143,13 +143,18 @@ class BuiltProblem:
     credit: dict[str, float] = field(default_factory=dict)
     """Per edge role (``parameter``, ``gradient``), the share of its collectives' time the objective takes off
     (the module docstring)."""
-    edge_roles: list[str] | None = None
+    step: StepRoles | None = None
+    """The step's ops in order and each edge's role (:mod:`strategies.problem.comm_roles`); made once, by the
+    builder when it credits, else on first use."""
+
+    def step_roles(self) -> StepRoles:
+        if self.step is None:
+            self.step = step_roles(self.nodes, self.edges, self.problem.intervals)
+        return self.step
 
     def roles(self) -> list[str]:
-        """Each edge's role (:func:`strategies.problem.comm_roles.edge_roles`), computed once."""
-        if self.edge_roles is None:
-            self.edge_roles = edge_roles(self.nodes, self.edges, self.problem.intervals)
-        return self.edge_roles
+        """Each edge's role."""
+        return self.step_roles().roles
 
     recompute_edges: list[tuple[int, int]] = field(default_factory=list)
     """The problem's edges after `edges`: (closure op, recomputed op) pairs pricing the closure's compute,
@@ -217,6 +222,8 @@ class _Builder:
         the column of each consumer strategy (expanded once, by `edge_costs`)."""
         self.groups: list[tuple[int, int]] = []
         self.pins: dict[int, int] = {}
+        self.step: StepRoles | None = None
+        """The step's roles, when pricing the credit needed them."""
 
     def add_node(self, node: ProblemNode, start: int, end: int) -> int:
         self.nodes.append(node)
@@ -251,8 +258,9 @@ class _Builder:
         flat = np.empty(sum(sizes) + sum(extra_sizes))
         matrices: list[np.ndarray] = []
         start = 0
-        credited = any(self.credit.values())
-        roles = edge_roles(self.nodes, self.edges, self.intervals) if credited else [ACTIVATION] * len(sizes)
+        if any(self.credit.values()):
+            self.step = step_roles(self.nodes, self.edges, self.intervals)
+        roles = self.step.roles if self.step is not None else [ACTIVATION] * len(sizes)
         for edge, role, (table, rows, cols), size, weight in zip(
             self.edges, roles, self.edge_parts, sizes, weights.tolist(), strict=True
         ):
@@ -475,6 +483,7 @@ def build_problem(
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
     built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
     built.credit = {role: min(MAX_CREDIT, share) for role, share in (credit or {}).items()}
+    built.step = b.step
     built.recompute_edges = extra
     built.recompute_closures = {w: tuple(index_of[n] for n in c.closure) for w, c in recomputed.items()}
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}

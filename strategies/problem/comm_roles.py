@@ -17,6 +17,7 @@ the hidden share of the first two (:mod:`strategies.problem.builder`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # The problem's nodes and edges (`strategies.problem.builder.ProblemNode`, `Edge`), read by their `kind`,
@@ -69,10 +70,21 @@ def gradient_tail(nodes: Sequence[ProblemNode], edges: Sequence[Edge], ops: Sequ
     return tail
 
 
-def edge_roles(
+@dataclass(frozen=True)
+class StepRoles:
+    """The step as the schedule reads it: its ops in order, the ops made from one parameter alone, the ops
+    only gradients' reductions wait for, and each edge's role."""
+
+    ops: list[int]
+    made_from: dict[int, int]
+    tail: set[int]
+    roles: list[str]
+
+
+def step_roles(
     nodes: Sequence[ProblemNode], edges: Sequence[Edge], intervals: Sequence[Sequence[int]]
-) -> list[str]:
-    """Each edge's role (module docstring)."""
+) -> StepRoles:
+    """Each edge's role (module docstring), and what it was read from."""
     ops = op_order(nodes, intervals)
     made_from, tail = weights_of(nodes, edges, ops), gradient_tail(nodes, edges, ops)
     roles = []
@@ -83,4 +95,4 @@ def edge_roles(
             roles.append(GRADIENT)
         else:
             roles.append(ACTIVATION)
-    return roles
+    return StepRoles(ops, made_from, tail, roles)
