@@ -23,6 +23,7 @@ again) and ``recompute_freed_bytes`` what they do not hold from forward to backw
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,17 +211,15 @@ def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
     }
 
 
-def simulated_credit(built: BuiltProblem, chosen: np.ndarray) -> dict[str, float]:
-    """The credit the schedule of ``chosen`` earns per role (:mod:`strategies.problem.comm_roles`): the share
-    of its collectives the simulator hides, less what hiding costs (``overlap_slowdown``); a role the plan
-    moves nothing for keeps the credit it was solved with."""
-    runs = plan_moves(built, chosen)
-    schedule = simulate(built, chosen, runs.moves, runs.closure_s)
+def earned_credit(built: BuiltProblem, predicted: Mapping[str, Any]) -> dict[str, float]:
+    """The credit a plan's schedule (its :func:`predict`) earns per role
+    (:mod:`strategies.problem.comm_roles`): the share of its collectives the simulator hides, less what hiding
+    costs (``overlap_slowdown``); a role the plan moves nothing for keeps the credit it was solved with."""
     keep = 1.0 - built.mesh.hardware.overlap_slowdown
     credit = dict(built.credit)
     for role in (PARAMETER, GRADIENT):
-        if schedule.comm_by_kind.get(role, 0.0) > 0:
-            credit[role] = schedule.hidden_share(role) * keep
+        if role in predicted["hidden_share"]:
+            credit[role] = predicted["hidden_share"][role] * keep
     return credit
 
 

@@ -20,7 +20,7 @@ from solver.solve import SolveResult, solve
 from strategies.cost.mesh import Mesh, make_mesh
 from strategies.graph.passes import capture_for_planning
 from strategies.placement import parse_spec
-from strategies.plan.plan_json import make_plan, predict, simulated_credit
+from strategies.plan.plan_json import earned_credit, make_plan, predict
 from strategies.problem.builder import BuiltProblem, build_step_problem, first_credit, recredit
 from strategies.problem.layer_repeat import MIN_CAPTURED, LayerRepeat
 from strategies.problem.recompute import AUTO
@@ -239,25 +239,23 @@ def _recredited(
     left); the plan of shorter simulated step time is kept."""
     if built.mesh.hardware.overlap_slowdown >= 1.0:  # hiding gains nothing: no credit to earn
         return result, problem, built
-    best_s = None
+    predicted = predict(built, np.asarray(result.solution, dtype=np.int64))
     for _ in range(RECREDIT_ROUNDS):
-        credit = simulated_credit(built, np.asarray(result.solution, dtype=np.int64))
+        credit = earned_credit(built, predicted)
         moved = max((abs(share - built.credit.get(role, 0.0)) for role, share in credit.items()), default=0.0)
         left = request.time_limit - (time.perf_counter() - phase)
         if moved <= RECREDIT_STEP or left < MIN_SECOND_SOLVE_S:
             break
         say("overlap credit " + ", ".join(f"{role} {share:.2f}" for role, share in sorted(credit.items())))
-        if best_s is None:
-            best_s = predict(built, np.asarray(result.solution, dtype=np.int64))["step_time_s"]
         again = recredit(built, credit)
         try:
             second, second_problem = _solve_built(request, again, say, threads, left)
         except InfeasibleError:
             break
-        step_s = predict(again, np.asarray(second.solution, dtype=np.int64))["step_time_s"]
-        if step_s >= best_s:
+        second_predicted = predict(again, np.asarray(second.solution, dtype=np.int64))
+        if second_predicted["step_time_s"] >= predicted["step_time_s"]:
             break
-        result, problem, built, best_s = second, second_problem, again, step_s
+        result, problem, built, predicted = second, second_problem, again, second_predicted
     return result, problem, built
 
 
