@@ -78,9 +78,10 @@ class Hardware(HashOnce):
     """The share of the kernels' benchmarked rates a whole training step sustains (clocks under a full step's
     power draw, the host's gaps between kernels, the kernels' own shapes and neighbours): fitted to published
     training runs (``benchmarks/truth.py --fit``), every op's time divided by it."""
-    overlap_slowdown: float = 0.0
+    overlap_slowdown: float = 1.0
     """Seconds of compute lost per second of communication hidden behind it (collectives take multiprocessors
-    and memory bandwidth from the kernels they overlap), fitted with ``sustained_efficiency``."""
+    and memory bandwidth from the kernels they overlap), fitted with ``sustained_efficiency``; 1, the default,
+    hides nothing."""
 
     def hash_key(self) -> tuple:
         return (
@@ -278,28 +279,17 @@ PRESETS: dict[str, Hardware] = {
         launch_s=2e-6,
         collective_launch_s=50e-6,
         host_to_device=10 * GB,
-        overlap_slowdown=1.0,  # gloo runs collectives on the cores that compute: nothing is hidden
+        # overlap_slowdown stays 1: gloo runs collectives on the cores that compute, nothing is hidden
     ),
 }
 
 
 PLAIN_ROOFLINE: dict[str, float] = {
-    "sm_count": 1,
-    "matmul_efficiency": 1.0,
-    "matmul_tile_m": 1,
-    "matmul_tile_n": 1,
-    "matmul_k_half": 0.0,
-    "attention_efficiency": 1.0,
-    "attention_backward_efficiency": 1.0,
-    "attention_seq_half": 0.0,
-    "attention_head_dim": 1,
-    "memory_efficiency": 1.0,
-    "sustained_efficiency": 1.0,
-    "overlap_slowdown": 1.0,
+    f.name: f.default for f in dataclasses.fields(Hardware) if f.name in COMPUTE_FIGURES
 }
-"""Hardware-file figures that price as the plain roofline with nothing hidden: every op at ``max(FLOPs /
-peak, bytes / memory_bandwidth) + launch_s`` and every collective on the step's critical path (the model
-before achieved rates and the two-stream schedule)."""
+"""Hardware-file figures that price as the plain roofline with nothing hidden (the fields' defaults): every op
+at ``max(FLOPs / peak, bytes / memory_bandwidth) + launch_s`` and every collective on the step's critical path
+(the model before achieved rates and the two-stream schedule)."""
 
 
 class HardwareError(ValueError):
