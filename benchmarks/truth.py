@@ -14,6 +14,8 @@ Sources and their role (``benchmarks/README.md`` says the same):
   of the cost model was fitted to it: the kernels' figures come from microbenchmarks
   (``benchmarks/fit_hardware.py``), the end-to-end ones from the rows below. It is the check reserved by
   issue 27;
+- **check, not fitted**: the LLaMA paper's 65B on 2048 A100 (the one run past 1024 GPUs found without a
+  pipeline axis); its layout is not stated and is assumed (``runs.yaml`` says how);
 - **fitted**: MosaicML llm-foundry's MPT benchmark tables (FSDP on H100 and A100) and IBM's fms-fsdp (Llama 2
   on A100 and H100, HSDP / FSDP, eager): the two end-to-end figures of each preset, ``sustained_efficiency``
   and ``overlap_slowdown``, are fitted to these rows (``--fit``); the kernels' figures are not.
@@ -80,6 +82,7 @@ LLAMA2_70B = llama(8192, 80, 64, 8, 28672, 32000)
 LLAMA3_8B = ("llama3-8b", {})
 LLAMA3_70B = ("llama3-70b", {})
 LLAMA3_405B = llama(16384, 126, 128, 8, 53248, 128256)
+LLAMA1_65B = llama(8192, 80, 64, 64, 22016, 32000)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class Case:
     dp: int
     """Data-parallel ranks (the batch is ``micro_batch * dp``)."""
     role: str = "fitted"
+    """``fitted`` (the end-to-end figures are fitted to it), ``held out`` (torchtitan, reserved by issue 27)
+    or ``check`` (another source nothing was fitted to)."""
 
 
 CASES: tuple[Case, ...] = (
@@ -178,6 +183,8 @@ CASES: tuple[Case, ...] = (
         16,
         role="held out",
     ),
+    # the LLaMA paper (not fitted): 65B on 2048 A100, layout assumed (runs.yaml's notes)
+    Case("llama1-65b-2048a100", LLAMA1_65B, "256x8", "fsdp_tp", 8, "selective", "a100", 256, role="check"),
 )
 
 SCALING = (
@@ -257,7 +264,7 @@ def fit(rows: list[Row]) -> dict[str, dict[str, float]]:
     from strategies.plan.plan_json import plan_moves
     from strategies.plan.schedule import simulate
 
-    fitted = [r for r in rows if r.case.role != "held out" and not r.error]
+    fitted = [r for r in rows if r.case.role == "fitted" and not r.error]
     presets = sorted({r.case.hardware for r in fitted})
     replays = []
     for row in fitted:
@@ -307,7 +314,8 @@ def table(rows: list[Row]) -> str:
     ]
     for row in rows:
         c = row.case
-        name = f"`{c.run}` ({row.run['source']}{', held out' if c.role == 'held out' else ''})"
+        role = {"held out": ", held out", "check": ", not fitted"}.get(c.role, "")
+        name = f"`{c.run}` ({row.run['source']}{role})"
         layout = f"{c.baseline} {c.mesh}, {c.micro_batch} x {row.run['seq_len']}"
         if row.error:
             lines.append(
@@ -330,7 +338,8 @@ def summary(rows: list[Row]) -> list[str]:
     for label, subset in (
         ("all", done),
         ("held out (torchtitan)", [r for r in done if r.case.role == "held out"]),
-        ("fitted (llm-foundry, IBM)", [r for r in done if r.case.role != "held out"]),
+        ("fitted (llm-foundry, IBM)", [r for r in done if r.case.role == "fitted"]),
+        ("not fitted, layout assumed (LLaMA paper)", [r for r in done if r.case.role == "check"]),
     ):
         if not subset:
             continue

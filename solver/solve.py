@@ -216,10 +216,13 @@ def solve(
     use_reductions: bool = True,
     heuristic_share: float | None = None,
     relative_gap: float = 0.0,
+    cutoff: float | None = None,
 ) -> SolveResult:
     """Best assignment found within `time_limit` seconds, with a proven bound.
 
     ``relative_gap``: an exact backend may stop once its answer is proven within this share of the optimum.
+    ``cutoff``: answers costing more are of no use to the caller (the headroom pass's cap): once the memory-
+    aware bound proves that none costs less, the solve stops with what it has (its bound above ``cutoff``).
 
     Raises `InfeasibleError` when no assignment fits the memory limit (naming the smallest reachable peak)
     or every strategy of some node is forbidden.
@@ -260,6 +263,13 @@ def solve(
         if searched is not None:
             known_bound = searched.bound
             tracker.update("lagrangian", searched.cost + reduced.constant, searched.bound + reduced.constant)
+            if cutoff is not None and known_bound + reduced.constant > cutoff:
+                columns, rows = program_shape(core)
+                kept = [] if searched.assignment is None else [searched.assignment]
+                bound = known_bound + reduced.constant
+                return _finish(
+                    problem, reduced, core, kept, None, bound, "lagrangian", columns, rows, tracker, timings
+                )
     if searched is not None and searched.assignment is not None and (final or searched.within(relative_gap)):
         candidates = [searched.assignment]
         phase = time.perf_counter()

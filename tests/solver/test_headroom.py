@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
+import solver.headroom as headroom
 from solver.headroom import with_headroom
 from solver.problem import Problem
-from solver.solve import solve
+from solver.solve import SolveResult, solve
 
 GAP = 0.01
 
@@ -88,3 +90,25 @@ def test_an_answerless_solve_is_refused() -> None:
     answerless = dataclasses.replace(fastest, solution=None, cost=None)
     with pytest.raises(ValueError, match="no answer"):
         with_headroom(problem, answerless, GAP, time_limit=1.0)
+
+
+def test_probes_are_told_the_cap_and_none_starts_with_less_time_than_the_last_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A probe given less time than the last one took would end worse: the pass stops instead. Every probe
+    is given the cap, so that one whose bound proves nothing fits under it stops early."""
+    problem = one_choice([100.0, 100.2, 100.4, 100.6], [10, 8, 6, 4])
+    fastest = solve(problem, relative_gap=GAP)
+    calls: list[dict] = []
+
+    def slow_solve(probe: Problem, **options: object) -> SolveResult:
+        calls.append(options)
+        time.sleep(0.3)
+        return solve(probe, relative_gap=GAP)
+
+    monkeypatch.setattr(headroom, "solve", slow_solve)
+    found = with_headroom(problem, fastest, GAP, time_limit=0.5)
+
+    assert found.probes == 1 and len(calls) == 1  # 0.2 s left after a 0.3 s probe: no second one
+    assert calls[0]["cutoff"] == pytest.approx(fastest.bound / (1 - GAP))
+    assert found.result.peak_usage < 10

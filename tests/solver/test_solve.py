@@ -116,3 +116,24 @@ def test_time_limit_still_returns_the_best_feasible_solution() -> None:
     assert evaluation.feasible and evaluation.cost == result.cost
     assert result.bound <= result.cost
     assert result.first_solution_seconds is not None and result.first_solution_seconds < 8
+
+
+def test_a_cutoff_below_every_answer_stops_once_the_bound_proves_it() -> None:
+    """The headroom pass's probes: told that answers above ``cutoff`` are of no use, a solve whose memory-
+    aware bound (the Lagrangian search's) already exceeds it stops there, the bound still valid; with the
+    cutoff above the optimum, the answer is the optimum as without one."""
+    rng = np.random.default_rng(5)
+    stopped = 0
+    for case in range(60):
+        problem = random_problem(rng, nodes=(4, 7), with_limit=True)
+        expected, _ = brute_force(problem)
+        if expected is None or problem.num_edges == 0:
+            continue
+        result = solve(problem, time_limit=10, threads=1, relative_gap=0.01, cutoff=expected - 1)
+        assert result.bound <= expected, (case, result.bound, expected)
+        if result.bound > expected - 1 and "lagrangian" in result.timings:
+            assert "heuristic" not in result.timings and "bound" not in result.timings, case
+            stopped += 1
+        above = solve(problem, time_limit=10, threads=1, relative_gap=0.01, cutoff=expected + 1)
+        assert above.cost == expected, (case, above.cost, expected)
+    assert stopped >= 10
