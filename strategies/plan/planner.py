@@ -44,10 +44,14 @@ AUTO_RECOMPUTE_PEAK_SHARE = 0.9
 """``recompute=auto`` plans with recomputation only where the plan without it peaks above this share of the
 limit (or nothing fits): below, memory does not bind and recomputation could only add time."""
 MIN_SECOND_SOLVE_S = 1.0
-"""... and that second solve gets the time left, at least this long."""
+"""... and that second solve gets the time left, at least this long; where less is left and the first solve
+found a plan, there is no second solve (a search's short limits: the second build and solve took 4-9 s of
+a 2 s limit on 3-D meshes, and their plans with recomputation were not faster)."""
 HEADROOM_MIN_S = 1.0
 """After the time-optimal solve, the headroom pass (:mod:`solver.headroom`: the least peak within the gap)
-gets half the time that solve took, at least `HEADROOM_MIN_S`, never past the request's time limit ..."""
+gets half the time that solve took, at least `HEADROOM_MIN_S`, never past the request's time limit, and runs
+only where that limit leaves `HEADROOM_MIN_S` and a probe's worth (as long as the solve so far) ... (a
+search's 2 s limits: the pass took 1-2 s more per 3-D candidate, its probes overrunning what was left)"""
 HEADROOM_PEAK_SHARES = (0.25, 0.95)
 """... and only where the fastest plan's peak is between these shares of the memory limit (the budget, else
 the device's memory): below, three quarters of the memory are free already and the probes (~1 s each, even
@@ -187,7 +191,8 @@ def _solve_and_plan(
     solve has no recomputation: where its plan leaves memory free (its peak under `AUTO_RECOMPUTE_PEAK_SHARE`
     of the limit), recomputation could only add time, and that plan is the answer; where memory binds (or
     nothing fits), the problem with recomputation is built and solved in the time left, and the faster plan
-    wins. (Recomputation on every plan made 4x4x4 plans 3x slower to solve for nothing.)"""
+    wins; with less than `MIN_SECOND_SOLVE_S` left and a plan found, that plan is the answer.
+    (Recomputation on every plan made 4x4x4 plans 3x slower to solve for nothing.)"""
     phase = time.perf_counter()
     try:
         result, problem = _solve_built(request, built, say, threads, request.time_limit)
@@ -197,9 +202,13 @@ def _solve_and_plan(
         result, problem, failure = None, None, error
     limit = built.problem.usage_limit
     peak = None if result is None else result.peak_usage
-    if request.recompute == AUTO and (peak is None or (limit and peak > AUTO_RECOMPUTE_PEAK_SHARE * limit)):
+    binds = peak is None or (limit and peak > AUTO_RECOMPUTE_PEAK_SHARE * limit)
+    left = request.time_limit - (time.perf_counter() - phase)
+    if request.recompute == AUTO and binds and result is not None and left < MIN_SECOND_SOLVE_S:
+        say(f"memory binds, but {max(left, 0.0):.1f} s of the time limit is left: no plan with recomputation")
+    elif request.recompute == AUTO and binds:
         say("memory binds: planning with activation recomputation")
-        left = max(request.time_limit - (time.perf_counter() - phase), MIN_SECOND_SOLVE_S)
+        left = max(left, MIN_SECOND_SOLVE_S)
         again = build(AUTO)
         try:
             second, second_problem = _solve_built(request, again, say, threads, left)
@@ -213,9 +222,14 @@ def _solve_and_plan(
         raise _budget_error(failure, request, mesh) from failure
     result, problem, built = _recredited(request, built, result, problem, say, threads, phase)
     fastest = result
-    if request.baseline is None and _wants_headroom(result, problem.usage_limit):
-        spent = time.perf_counter() - phase
-        budget = min(request.time_limit - spent, max(HEADROOM_MIN_S, HEADROOM_SHARE * spent))
+    spent = time.perf_counter() - phase
+    left = request.time_limit - spent
+    if (
+        request.baseline is None
+        and _wants_headroom(result, problem.usage_limit)
+        and left >= HEADROOM_MIN_S + spent
+    ):
+        budget = min(left, max(HEADROOM_MIN_S, HEADROOM_SHARE * spent))
         say(f"headroom: the least peak within {100 * request.gap:g}% of the bound ({budget:.1f} s at most)")
         result = with_headroom(problem, result, request.gap, budget, request.backend, threads).result
     timings["solve"] = time.perf_counter() - phase
