@@ -13,6 +13,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
+MODEL_HELP = "mlp, gpt2-small, llama3-8b, llama3-70b, llama3-405b, moe or path/file.py:factory"
+
 app = typer.Typer(
     help="autoshard: whole-graph sharding plans from an integer program, with certified gaps.",
     no_args_is_help=True,
@@ -166,7 +168,7 @@ def plan_command(
     out: Annotated[Path, typer.Option(help="write the plan JSON here")],
     model: Annotated[
         str | None,
-        typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory"),
+        typer.Option(help=MODEL_HELP),
     ] = None,
     graph: Annotated[
         Path | None,
@@ -235,9 +237,7 @@ def plan_command(
 
 @app.command("export-graph")
 def export_graph_command(
-    model: Annotated[
-        str, typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory")
-    ],
+    model: Annotated[str, typer.Option(help=MODEL_HELP)],
     out: Annotated[Path, typer.Option("--out", "-o", help="write the graph JSON here")],
     batch: BatchOption = None,
     seq: SeqOption = None,
@@ -395,9 +395,7 @@ def run_command(
 
 @app.command("search")
 def search_command(
-    model: Annotated[
-        str, typer.Option(help="mlp, gpt2-small, llama3-8b, llama3-70b, moe or path/file.py:factory")
-    ],
+    model: Annotated[str, typer.Option(help=MODEL_HELP)],
     devices: Annotated[int, typer.Option(help="devices to lay the model over", min=1)],
     out: Annotated[Path, typer.Option(help="results folder (results.json, results.csv, plans/)")] = Path(
         "search-results"

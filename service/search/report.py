@@ -3,7 +3,7 @@
 What a person sizing a cluster looks at: the header (model, devices, budget, counts, wall time), the
 ranking table, predicted throughput against peak memory per device with the Pareto front, where each
 candidate's step time goes, and the winner's plan (placements by layer, collectives, memory over the step).
-Plots are PNG data embedded in the page, the style sheet and the sorting script are inline: the file loads
+Plots are inline SVG (their text is text), the style sheet and the sorting script are inline: the file loads
 nothing from anywhere. Every string taken from the results is escaped.
 
 :func:`render_report` is the one entry point; the CLI writes its page next to ``results.json`` and the

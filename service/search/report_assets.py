@@ -42,7 +42,7 @@ td.over { color: var(--bad); }
 .mem .bar { width: 70px; height: 8px; background: var(--line); border-radius: 4px; overflow: hidden;
   flex: none; }
 .mem .bar i { display: block; height: 100%; background: var(--accent); }
-img.plot { display: block; max-width: 100%; height: auto; margin: 6px auto; }
+svg.plot { display: block; max-width: 100%; height: auto; margin: 6px auto; }
 .caption, .note { color: var(--muted); font-size: 13px; }
 .note { background: var(--wash); border-left: 3px solid var(--warn); padding: 6px 10px; }
 .placements td.layers { font-family: ui-monospace, monospace; white-space: nowrap; }

@@ -1,13 +1,15 @@
-"""The report's figures, drawn with matplotlib's Agg canvas and embedded as base64 PNG ``<img>`` tags.
+"""The report's figures, drawn with matplotlib and embedded in the page as inline SVG.
 
-No pyplot (no global figure state: the service renders reports in worker threads) and no math text
-(a ``$`` in a label stays a dollar sign).
+No pyplot (no global figure state: the service renders reports in worker threads) and no math text (a ``$`` in
+a label stays a dollar sign; tick labels are plain numbers, so a log axis reads 1, 10, 100 rather than the
+mathtext its default formatter writes). Text stays text in the SVG (``svg.fonttype: none``): the browser
+draws it with the page's fonts, and it can be read, searched and checked.
 """
 
 from __future__ import annotations
 
-import base64
 import io
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -15,9 +17,9 @@ from typing import Any
 
 from matplotlib import rc_context
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from service.search.report_format import candidate_label, esc, number, rate_text, throughput, throughput_unit
 
@@ -29,6 +31,7 @@ COMPUTE, COMM, CONTENTION, LOAD = "#4c72b0", "#dd8452", "#e8b98f", "#8c8c8c"
 FEASIBLE, PARETO, INFEASIBLE, BUDGET = "#7f9fc6", "#c44e52", "#937860", "#55a868"
 STYLE = {
     "text.parse_math": False,
+    "svg.fonttype": "none",
     "font.size": 9,
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -44,22 +47,30 @@ _STYLE_LOCK = threading.Lock()
 def styled() -> Iterator[None]:
     """The report's plot style while a figure is drawn and saved. matplotlib's settings are global, so one
     figure is drawn at a time (a service may render reports in several threads)."""
-    with _STYLE_LOCK, rc_context(STYLE):
+    with _STYLE_LOCK, rc_context({**STYLE, "svg.hashsalt": "autoshard"}):
         yield
 
 
-def figure_img(figure: Figure, alt: str) -> str:
-    """``figure`` as a self-contained ``<img>`` (PNG, twice the CSS pixel density for sharp text)."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=144, bbox_inches="tight")
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return f'<img class="plot" src="data:image/png;base64,{data}" alt="{esc(alt)}">'
+def figure_svg(figure: Figure, alt: str, name: str) -> str:
+    """``figure`` as an inline ``<svg>`` element (no XML prolog), labelled ``alt`` for screen readers, its
+    element ids prefixed with ``name`` (several figures share one page, and one id space)."""
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", bbox_inches="tight", metadata={"Date": None})
+    svg = buffer.getvalue()
+    svg = svg[svg.index("<svg") :]
+    # inline in HTML: the parser gives <svg> its namespace; the namespace URLs and the RDF metadata go
+    svg = re.sub(r' xmlns(:xlink)?="[^"]*"', "", svg, count=2)
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, count=1, flags=re.DOTALL)
+    svg = re.sub(r'(\bid="|url\(#|href="#)', rf"\g<1>{name}-", svg)
+    opening = svg.index(">")
+    attributes = f' class="plot" id="{name}" role="img" aria-label="{esc(alt)}"'
+    return f"{svg[:opening]}{attributes}{svg[opening:]}"
 
 
 def new_figure(width: float, height: float) -> Figure:
-    """A figure (inches) on its own Agg canvas, whatever matplotlib's default backend is."""
+    """A figure (inches) on its own SVG canvas, whatever matplotlib's default backend is."""
     figure = Figure(figsize=(width, height))
-    FigureCanvasAgg(figure)
+    FigureCanvasSVG(figure)
     return figure
 
 
@@ -84,7 +95,7 @@ def throughput_memory_plot(candidates: list[dict[str, Any]], pareto: Sequence[st
         axes = figure.add_subplot()
         front = [c for c in feasible if c.get("id") in set(pareto)]
         _scatter(axes, [c for c in feasible if c not in front], scale, FEASIBLE, "o", "feasible", size=28)
-        _draw_front(axes, front, scale)
+        labelled = _draw_front(axes, front, scale)
         winner = [c for c in feasible if c.get("rank") == 1]
         _scatter(axes, winner, scale, "#f2c12e", "*", "winner (rank 1)", size=180, edge="#333333")
         if floor:
@@ -96,34 +107,43 @@ def throughput_memory_plot(candidates: list[dict[str, Any]], pareto: Sequence[st
             axes.axvline(budget / scale, color=BUDGET, linestyle="--", linewidth=1.2, label=label)
         if min(sizes) > 0 and max(sizes) / min(sizes) > 30:
             axes.set_xscale("log")
+            axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            axes.xaxis.set_minor_formatter(NullFormatter())
         axes.set_ylim(bottom=0)
         axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: rate_text(value)))
         axes.set_xlabel(f"peak memory per device ({size_unit})")
         axes.set_ylabel(f"predicted throughput ({unit})")
         axes.legend(loc="best", fontsize=8, framealpha=0.9)
-        return figure_img(figure, f"predicted throughput ({unit}) against peak memory per device")
+        # labels last: their boxes are measured on the axes as drawn (scale and limits final)
+        axes.set_xlim(axes.get_xlim())
+        axes.set_ylim(axes.get_ylim())
+        _label_points(axes, labelled)
+        alt = f"predicted throughput ({unit}) against peak memory per device"
+        return figure_svg(figure, alt, "throughput-memory")
 
 
-def _draw_front(axes: Axes, front: list[dict[str, Any]], scale: float) -> None:
-    """The Pareto front as a staircase through its points (by memory), each point labelled."""
+def _draw_front(axes: Axes, front: list[dict[str, Any]], scale: float) -> list[tuple[float, float, str]]:
+    """The Pareto front as a staircase through its points (by memory); the points to label."""
     points = sorted((p, c) for c in front if (p := _point(c)) is not None)
     if not points:
-        return
+        return []
     xs = [p[0] / scale for p, _ in points]
     ys = [p[1] for p, _ in points]
     axes.plot(xs, ys, color=PARETO, linewidth=1, zorder=2, drawstyle="steps-post", alpha=0.6)
     _scatter(axes, [c for _, c in points], scale, PARETO, "o", "Pareto front", size=40)
-    _label_points(axes, [(x, y, candidate_label(c)) for x, y, (_, c) in zip(xs, ys, points, strict=True)])
+    return [(x, y, candidate_label(c)) for x, y, (_, c) in zip(xs, ys, points, strict=True)]
 
 
 LABEL_OFFSETS = [(6, 4), (6, -12), (-6, 4), (-6, -12), (6, 16), (-6, 16), (6, -24), (-6, -24)]
 """Where a point's label may go (points right and up of the point; negative x: the label ends there)."""
+LABEL_ROOM = (1.15, 1.4)
+"""A label's box widened and heightened by these factors when checked against the labels placed before it."""
 
 
 def _label_points(axes: Axes, points: list[tuple[float, float, str]]) -> None:
     """Label each point at the first offset where its text overlaps no label placed before it (else at
-    the first offset): close points stay readable."""
-    renderer = axes.figure.canvas.get_renderer()
+    the last offset tried): close points stay readable. The axes' scale and limits must be final: the boxes
+    are measured where the labels will be drawn."""
     placed: list[Any] = []
     for x, y, text in points:
         for k, (dx, dy) in enumerate(LABEL_OFFSETS):
@@ -135,7 +155,9 @@ def _label_points(axes: Axes, points: list[tuple[float, float, str]]) -> None:
                 fontsize=8,
                 ha="left" if dx > 0 else "right",
             )
-            box = label.get_window_extent(renderer)
+            # room around each label: the browser draws the SVG's text in its own fonts, not quite the
+            # size matplotlib measured
+            box = label.get_window_extent().expanded(*LABEL_ROOM)
             if not any(box.overlaps(other) for other in placed) or k == len(LABEL_OFFSETS) - 1:
                 placed.append(box)
                 break
@@ -175,9 +197,8 @@ def time_breakdown_plot(ranked: list[dict[str, Any]]) -> str | None:
         axes.grid(axis="y", visible=False)
         axes.set_xlabel(f"predicted step time ({unit})")
         axes.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
-        return figure_img(
-            figure, "predicted step time per candidate: compute, exposed communication, loading"
-        )
+        alt = "predicted step time per candidate: compute, exposed communication, loading"
+        return figure_svg(figure, alt, "step-time")
 
 
 def memory_profile_plot(profile: dict[str, Any], budget_bytes: float | None) -> str | None:
@@ -219,7 +240,7 @@ def memory_profile_plot(profile: dict[str, Any], budget_bytes: float | None) -> 
         axes.set_xlabel("position in the step (graph order: forward, then backward)")
         axes.set_ylabel(f"live memory per device ({unit})")
         axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize=8, frameon=False)
-        return figure_img(figure, "live memory per device over the step")
+        return figure_svg(figure, "live memory per device over the step", "memory-profile")
 
 
 def _point(candidate: dict[str, Any]) -> tuple[float, float] | None:

@@ -10,9 +10,10 @@ Built-in models and their options (keyword arguments of :func:`build_model`):
 - ``mlp``: :class:`~strategies.models.mlp.MLP` on ``[batch, d]`` (``d=1024``, ``h=4096``) with a
   regression target ``[batch, d]`` as a second input; the model returns the summed squared error;
   ``seq`` is not used.
-- ``gpt2-small``, ``llama3-8b``, ``llama3-70b``, ``moe``: language models on token ids ``[batch, seq]``
-  with next-token targets ``[batch, seq]`` as a second input; the model returns the cross-entropy loss.
-  Options are fields of their config (``GPT2Config``, ``LlamaConfig``, ``MoEConfig``), e.g. ``dim=256``.
+- ``gpt2-small``, ``llama3-8b``, ``llama3-70b``, ``llama3-405b``, ``moe``: language models on token ids
+  ``[batch, seq]`` with next-token targets ``[batch, seq]`` as a second input; the model returns the
+  cross-entropy loss. Options are fields of their config (``GPT2Config``, ``LlamaConfig``, ``MoEConfig``),
+  e.g. ``dim=256``.
 
 Options, ``batch``, ``seq`` and ``layers`` are checked before any tensor is built (see
 :mod:`strategies.models.options`): a bad one raises :class:`ModelOptionError` (a ValueError) naming it,
@@ -206,6 +207,7 @@ MODELS: dict[str, Builder] = {
     "gpt2-small": _language_model_builder("gpt2-small", GPT2, GPT2Config()),
     "llama3-8b": _language_model_builder("llama3-8b", Llama, PRESETS["llama3-8b"]),
     "llama3-70b": _language_model_builder("llama3-70b", Llama, PRESETS["llama3-70b"]),
+    "llama3-405b": _language_model_builder("llama3-405b", Llama, PRESETS["llama3-405b"]),
     "moe": _language_model_builder("moe", MoETransformer, MoEConfig()),
 }
 """Built-in model name -> builder."""

@@ -89,11 +89,14 @@ class LlamaConfig:
 PRESETS: dict[str, LlamaConfig] = {
     "llama3-8b": LlamaConfig(),
     "llama3-70b": LlamaConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672),
+    # Llama 3.1 405B (Meta's params.json: 126 layers, dim 16384, 128 heads, 8 KV heads, FFN 53248)
+    "llama3-405b": LlamaConfig(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, ffn_dim=53248),
 }
 
 
 def llama_config(name: str, **changes: int | float) -> LlamaConfig:
-    """A preset (``llama3-8b``, ``llama3-70b``) with optional field changes (``n_layers=1``)."""
+    """A preset (``llama3-8b``, ``llama3-70b``, ``llama3-405b``) with optional field changes
+    (``n_layers=1``)."""
     if name not in PRESETS:
         raise ValueError(f"model: unknown Llama preset {name!r}; presets are {sorted(PRESETS)}")
     return PRESETS[name].replace(**changes) if changes else PRESETS[name]

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from service.plan_view import layer_ranges
 from service.search.report import render_report, write_report
-from service.search.report_format import esc, size_text
+from service.search.report_format import candidate_label, esc, size_text
 from service.search.report_plan import LayerGroup, fold_layers
 from strategies.plan.planner import PlanRequest, plan_model
 from tests.service.search.report_page import parse
@@ -68,9 +70,12 @@ def test_page_loads_nothing_from_outside(page: str) -> None:
     parsed = parse(page)
     assert "http://" not in page and "https://" not in page
     links = [value for _, name, value in parsed.attributes if name in ("src", "href")]
-    assert len(links) == 3, "three plots: throughput against memory, step time, the winner's memory"
-    assert all(value.startswith("data:image/png;base64,") for value in links)
-    assert not {"link", "iframe", "object", "embed"} & set(parsed.tags)
+    assert links == [], "the plots are inline, and nothing else is linked"
+    plots = "three plots: throughput against memory, step time, the winner's memory"
+    assert parsed.tags.count("svg") == 3, plots
+    assert not {"link", "iframe", "object", "embed", "img"} & set(parsed.tags)
+    plot_links = [value for _, name, value in parsed.attributes if name == "xlink:href"]
+    assert plot_links and all(value.startswith("#") for value in plot_links)  # markers inside the page
 
 
 def test_markup_in_an_error_stays_text(page: str) -> None:
@@ -98,7 +103,7 @@ def test_markup_anywhere_in_the_results_stays_text(search: Search) -> None:
     assert esc(evil) in rendered
     assert parsed.problems == []
     assert "onerror" not in {name for _, name, _ in parsed.attributes}
-    assert parsed.tags.count("img") == 3
+    assert parsed.tags.count("svg") == 3
 
 
 def test_table_has_one_row_per_candidate_ranked_ones_first(page: str, search: Search) -> None:
@@ -151,7 +156,7 @@ def test_a_plan_without_a_memory_profile_says_so(search: Search, tmp_path: Path)
     rendered = render_report(results, tmp_path)
     assert "This plan has no memory profile" in rendered
     assert size_text(plan["predicted"]["peak_memory_bytes"]) in rendered
-    assert parse(rendered).tags.count("img") == 2
+    assert parse(rendered).tags.count("svg") == 2
 
 
 def test_a_plan_file_outside_the_results_folder_is_not_read(search: Search) -> None:
@@ -177,7 +182,7 @@ def test_a_search_without_any_plan_still_reads(search: Search) -> None:
     assert parsed.problems == []
     assert len(parsed.ranking_rows) == len(results["candidates"]) > 0
     assert "No candidate has a plan: there is no winner." in rendered
-    assert "img" not in parsed.tags
+    assert "svg" not in parsed.tags
     empty = render_report({**results, "candidates": []}, search[1])
     assert parse(empty).ranking_rows == []
     assert "<span>candidates</span><b>0</b>" in empty
@@ -285,6 +290,33 @@ def test_every_plot_has_drawn(opened: OpenedReport) -> None:
     assert all(width > 0 and height > 0 and inked > 1000 for width, height, inked in drawn), drawn
 
 
+TEXTS = """svg => Array.from(svg.querySelectorAll("text")).map(text => {
+  const box = text.getBoundingClientRect();
+  const axis = ["x", "y"].find(name => text.closest(`[id*="${name}tick_"]`) !== null);
+  const tick = axis === undefined ? "" : axis;
+  return [text.textContent, tick, box.left, box.top, box.right, box.bottom];
+})"""
+"""Every text the browser drew in a plot: its content, ``x``/``y`` for an axis's tick label, its box."""
+NUMBER = re.compile(r"^-?[0-9][0-9.,]*( ?[kMG])?$")
+
+
+def test_the_plots_axes_read_as_numbers_and_its_labels_do_not_overlap(
+    opened: OpenedReport, search: Search
+) -> None:
+    texts = opened.page.locator("svg#throughput-memory").evaluate(TEXTS)
+    ticks = [t for t in texts if t[1]]
+    assert {t[1] for t in ticks} == {"x", "y"}
+    assert all(NUMBER.match(t[0]) for t in ticks), [t[0] for t in ticks]
+    assert not any("$" in t[0] or "mathdefault" in t[0] for t in texts)
+    labels = {candidate_label(c) for c in search[0]["candidates"] if c["id"] in search[0]["pareto"]}
+    boxes = [t[2:] for t in texts if t[0] in labels and not t[1]]
+    assert len(boxes) >= len(labels) > 1
+    for k, (left, top, right, bottom) in enumerate(boxes):
+        for other in boxes[k + 1 :]:
+            apart = right <= other[0] or other[2] <= left or bottom <= other[1] or other[3] <= top
+            assert apart, (boxes, labels)
+
+
 def test_table_has_one_row_per_candidate(opened: OpenedReport, search: Search) -> None:
     ids = opened.page.eval_on_selector_all("#ranking tbody tr", "rows => rows.map(r => r.dataset.id)")
     assert sorted(ids) == sorted(c["id"] for c in search[0]["candidates"])
@@ -314,4 +346,31 @@ def test_winner_summary_is_there(opened: OpenedReport, search: Search) -> None:
     assert best["id"] in text
     assert "PLACEMENTS BY LAYER" in text.upper() and "COLLECTIVES PER STEP" in text.upper()
     assert section.locator("table.placements tbody tr").count() >= 1
-    assert section.locator("img.plot").evaluate("img => img.naturalWidth") > 0
+    assert section.locator("svg.plot").evaluate("svg => svg.getBoundingClientRect().width") > 0
+
+
+def test_a_log_memory_axis_is_labelled_with_plain_numbers() -> None:
+    """Peaks 100x apart put the memory axis on a log scale, whose default labels are math text
+    (``$\\mathdefault{10^{0}}$``) that the report, with math text off, would print raw."""
+    from service.search.report_plots import throughput_memory_plot
+
+    def candidate(name: str, peak_gib: float, rate: float) -> dict[str, Any]:
+        return {
+            "id": name,
+            "status": "feasible",
+            "rank": 1 if name == "a" else 2,
+            "peak_memory_bytes": peak_gib * 2**30,
+            "tokens_per_s": rate,
+            "mesh": [8],
+            "axis_names": ["dp"],
+            "batch": 16,
+        }
+
+    svg = throughput_memory_plot([candidate("a", 0.5, 900.0), candidate("b", 60.0, 1000.0)], ["a", "b"])
+    assert svg is not None and svg.startswith("<svg")
+    tree = ElementTree.fromstring(svg.replace("xlink:href", "href"))  # inline SVG: no namespace declared
+    groups = [g for g in tree.iter("g") if "-xtick_" in g.get("id", "")]
+    ticks = [text.text for g in groups for text in g.iter("text")]
+    assert ticks and all(NUMBER.match(tick) for tick in ticks), ticks
+    assert "1" in ticks and "10" in ticks
+    assert "mathdefault" not in svg and "$" not in svg

@@ -62,6 +62,7 @@ def test_every_built_in_model_captures_from_meta_with_one_gradient_per_parameter
         ("gpt2-small", 124_439_808),
         ("llama3-8b", 8_030_261_248),
         ("llama3-70b", 70_553_706_496),
+        ("llama3-405b", 405_853_388_800),
         ("mlp", 8_393_728),
     ],
 )
