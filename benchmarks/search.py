@@ -1,6 +1,6 @@
 """Plan search benchmark: llama3-8b on 64 h100 devices, every 1-, 2- and 3-D mesh, batches 16, 32, 64.
 
-    python benchmarks/search.py [--workers 2] [--time-limit 2] [--gap 0.01] [--top 10] [--out DIR] [--json]
+    python benchmarks/search.py [--workers N] [--time-limit S] [--budget S] [--gap G] [--top 10] [--out DIR]
 
 Runs the search as a user runs it, ``autoshard search --model llama3-8b --devices 64 --batch-sizes
 16,32,64 --seq 8192 ...`` in a fresh process, and times it from start to exit ("wall s"). Then, from the
@@ -26,10 +26,16 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMAND = ["--model", "llama3-8b", "--devices", "64", "--batch-sizes", "16,32,64", "--seq", "8192"]
 
 
-def run(workers: int, time_limit: float, gap: float, out: Path) -> tuple[float, dict[str, Any]]:
+def flags(args: argparse.Namespace) -> list[str]:
+    """The command's options beyond the model's: the CLI's defaults unless the benchmark was given others."""
+    given = [("--workers", args.workers), ("--time-limit", args.time_limit), ("--budget", args.budget)]
+    return [text for option, value in given if value is not None for text in (option, f"{value:g}")]
+
+
+def run(args: argparse.Namespace, out: Path) -> tuple[float, dict[str, Any]]:
     autoshard = Path(sys.executable).with_name("autoshard")
-    argv = [str(autoshard), "search", *COMMAND, "--workers", str(workers), "--time-limit", str(time_limit)]
-    argv += ["--gap", str(gap), "--out", str(out), "--quiet"]
+    argv = [str(autoshard), "search", *COMMAND, *flags(args), "--gap", str(args.gap)]
+    argv += ["--out", str(out), "--quiet"]
     env = {
         key: value
         for key, value in os.environ.items()
@@ -75,10 +81,12 @@ def markdown(
         for row in rows
         if row["certificate"] and row["certificate"]["gap"] is not None
     ]
+    request = results["request"]
+    budget = f"budget {request['budget_s']:g} s, " if request.get("budget_s") else ""
     lines = [
-        f"`autoshard search` llama3-8b, 64 x h100, {len(rows)} candidates, --workers {args.workers} "
-        f"--time-limit {args.time_limit:g} --gap {args.gap:g}: **{wall:.1f} s** wall (start to exit; "
-        f"{results['wall_s']:.1f} s inside the search); "
+        f"`autoshard search` llama3-8b, 64 x h100, {len(rows)} candidates, {' '.join(flags(args))} "
+        f"--gap {args.gap:g} ({budget}{request['time_limit_s']:g} s per candidate, {request['workers']} "
+        f"workers): **{wall:.1f} s** wall (start to exit; {results['wall_s']:.1f} s inside the search); "
         + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         + (f"; gap median {median(gaps):.2%}, largest {max(gaps):.2%}" if gaps else ""),
         "",
@@ -108,14 +116,16 @@ def markdown(
             f"| {part['solve_max_s']:.1f} | {part['all_s']:.1f} |"
         )
     total = sum(part["all_s"] for part in split.values())
-    lines.append(f"| all | {len(rows)} | | | | {total:.1f} (of {wall * args.workers:.1f} worker-seconds) |")
+    workers = request["workers"]
+    lines.append(f"| all | {len(rows)} | | | | {total:.1f} (of {wall * workers:.1f} worker-seconds) |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--time-limit", type=float, default=2.0, help="solver seconds per candidate")
+    parser.add_argument("--workers", type=int, default=None, help="default: the CLI's (the cores)")
+    parser.add_argument("--time-limit", type=float, default=None, help="default: the CLI's (60 s at most)")
+    parser.add_argument("--budget", type=float, default=None, help="default: the CLI's (60 s)")
     parser.add_argument("--gap", type=float, default=0.01)
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument(
@@ -125,7 +135,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as temp:
         out = args.out or Path(temp) / "search"
-        wall, results = run(args.workers, args.time_limit, args.gap, out)
+        wall, results = run(args, out)
         print(markdown(wall, results, time_split(results, out), args, args.top))
         if args.json:
             print(json.dumps(results, indent=1))

@@ -420,7 +420,13 @@ def search_command(
         int | None, typer.Option(help="candidates planned at once (default: cores)", min=1)
     ] = None,
     time_limit: Annotated[
-        float, typer.Option("--time-limit", help="solver seconds per candidate", min=0.1)
+        float, typer.Option("--time-limit", help="solver seconds per candidate at most", min=0.1)
+    ] = 60.0,
+    budget: Annotated[
+        float,
+        typer.Option(
+            help="the search's wall seconds: each candidate's solver gets its share (0: no budget)", min=0
+        ),
     ] = 60.0,
     gap: GapOption = 0.01,
     backend: Annotated[str, typer.Option(help="cbc, highs, cpsat, heuristic or auto")] = "auto",
@@ -459,6 +465,7 @@ def search_command(
             executor="ray" if os.environ.get("RAY_ADDRESS") else executor,
             workers=workers or os.cpu_count() or 1,
             time_limit_s=time_limit,
+            budget_s=budget or None,
             gap=gap,
             backend=backend,
             dtype=dtype,

@@ -113,6 +113,7 @@ def _header(results: dict[str, Any], request: dict[str, Any], candidates: list[d
         ("wall time", seconds_text(results.get("wall_s"))),
         ("executor", f"{request.get('executor', DASH)} x {request.get('workers', DASH)}"),
         ("time limit per plan", seconds_text(request.get("time_limit_s"))),
+        ("budget", seconds_text(request.get("budget_s")) if request.get("budget_s") else "none"),
     ]
     cells = "".join(f'<div class="fact"><span>{esc(k)}</span><b>{esc(v)}</b></div>' for k, v in facts)
     model = esc(request.get("model", DASH))

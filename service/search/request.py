@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -11,6 +12,13 @@ from strategies.plan.planner import DEFAULT_GAP, PlanRequest
 from strategies.problem.recompute import check_policy
 
 EXECUTORS = ("local", "ray")
+BUDGET_SOLVE_SHARE = 0.8
+"""The share of a budget's worker-seconds given to the candidates' solvers; the rest is each candidate's
+problem build and the captures (llama3-8b on 64 devices, 48 candidates, 2 workers: 60 s -> 2 s each, 57 s
+wall)."""
+MIN_CANDIDATE_LIMIT_S = 0.5
+"""No candidate's solver gets less, whatever the budget: below, plans of 3-D meshes are little better than
+the heuristic's first answer."""
 
 
 @dataclass
@@ -34,6 +42,10 @@ class SearchRequest:
     time_limit_s: float = 60.0
     """The solver's time limit per candidate: a candidate stopped by it keeps its best plan, status
     ``feasible`` with its gap."""
+    budget_s: float | None = None
+    """The whole search's wall time, shared by its candidates (``None``: no budget): each candidate's solver
+    gets `BUDGET_SOLVE_SHARE` of ``budget_s x workers / candidates`` where that is below ``time_limit_s``
+    (:meth:`within_budget`), at least `MIN_CANDIDATE_LIMIT_S`."""
     gap: float = DEFAULT_GAP
     backend: str = "auto"
     dtype: str = "bfloat16"
@@ -55,6 +67,8 @@ class SearchRequest:
             raise ValueError(f"workers: at least 1, got {self.workers}")
         if self.time_limit_s <= 0:
             raise ValueError(f"time_limit_s: must be positive, got {self.time_limit_s}")
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise ValueError(f"budget_s: must be positive, got {self.budget_s}")
         check_policy(self.recompute)
         if self.compute_dtype is not None:
             from strategies.tensor_meta import parse_compute_dtype
@@ -63,6 +77,16 @@ class SearchRequest:
 
     def record(self) -> dict[str, Any]:
         return asdict(self)
+
+    def within_budget(self, candidates: int) -> SearchRequest:
+        """This search with each of its ``candidates``' solver limit cut to its share of the budget (itself
+        when it has none, or its limit is within the share): what the candidates are planned, cached and
+        recorded with."""
+        if self.budget_s is None or candidates < 1:
+            return self
+        share = BUDGET_SOLVE_SHARE * self.budget_s * self.workers / candidates
+        limit = max(MIN_CANDIDATE_LIMIT_S, round(share, 2))
+        return self if limit >= self.time_limit_s else dataclasses.replace(self, time_limit_s=limit)
 
     def plan_request(self, candidate: Candidate) -> PlanRequest:
         """The request planning ``candidate`` alone: what :func:`~strategies.plan.planner.plan_model` is

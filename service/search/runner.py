@@ -58,6 +58,13 @@ def run_search(
     listener = listener or QuietListener()
     say = say or (lambda message: None)
     candidates = search_candidates(request)
+    asked = request.time_limit_s
+    request = request.within_budget(len(candidates))
+    if request.time_limit_s < asked:
+        say(
+            f"budget {request.budget_s:g} s: {request.time_limit_s:g} s of solver time for each of "
+            f"{len(candidates)} candidates on {request.workers} workers"
+        )
     budget = memory_budget_bytes(request)
     cache = SearchPlanCache(cache_url, cache_reader) if cache_url else None
     rows: list[dict[str, Any]] = []

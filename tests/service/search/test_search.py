@@ -198,3 +198,37 @@ def test_each_candidate_solves_on_its_executors_share_of_the_cores(
         assert pool.cores_per_task == max(1, (os.cpu_count() or 1) // 2)
     finally:
         pool.close()
+
+
+def test_a_budget_gives_each_candidate_its_share_of_the_solver_time() -> None:
+    request = SearchRequest(model="llama3-8b", devices=64, batch_sizes=[16, 32, 64], workers=2, budget_s=60.0)
+    assert len(search_candidates(request)) == 48
+    assert request.within_budget(48).time_limit_s == pytest.approx(0.8 * 60 * 2 / 48)  # 2 s each
+    assert request.within_budget(4).time_limit_s == pytest.approx(24.0)
+    assert request.within_budget(1) is request  # a 96 s share: the 60 s limit is the lower
+    assert SearchRequest(model="mlp", devices=8, budget_s=1.0).within_budget(100).time_limit_s == 0.5
+    unlimited = SearchRequest(model="mlp", devices=8, time_limit_s=3.0)
+    assert unlimited.within_budget(1000) is unlimited
+    with pytest.raises(ValueError, match="budget_s"):
+        SearchRequest(model="mlp", devices=8, budget_s=0.0)
+
+
+def test_candidates_are_planned_cached_and_recorded_with_the_budgets_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = planner.plan_captured
+    limits: list[float] = []
+
+    def records_limit(request, graph, repeat, progress=None, threads=2):
+        limits.append(request.time_limit)
+        return real(request, graph, repeat, progress, threads=threads)
+
+    monkeypatch.setattr(planner, "plan_captured", records_limit)
+    request = mlp_search(batch_sizes=[64], workers=1, budget_s=5.0, time_limit_s=30.0)
+    results = run_search(request, tmp_path)
+    share = 0.8 * 5.0 * 1 / len(search_candidates(request))
+    assert limits and all(limit == pytest.approx(share) for limit in limits)
+    assert results["request"]["time_limit_s"] == pytest.approx(share)
+    assert results["request"]["budget_s"] == 5.0
+    plan = json.loads((tmp_path / results["candidates"][0]["plan_file"]).read_text())
+    assert plan["request"]["time_limit"] == pytest.approx(share)
