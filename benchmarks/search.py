@@ -83,10 +83,11 @@ def markdown(
     ]
     request = results["request"]
     budget = f"budget {request['budget_s']:g} s, " if request.get("budget_s") else ""
+    options = " ".join([*flags(args), "--gap", f"{args.gap:g}"])
     lines = [
-        f"`autoshard search` llama3-8b, 64 x h100, {len(rows)} candidates, {' '.join(flags(args))} "
-        f"--gap {args.gap:g} ({budget}{request['time_limit_s']:g} s per candidate, {request['workers']} "
-        f"workers): **{wall:.1f} s** wall (start to exit; {results['wall_s']:.1f} s inside the search); "
+        f"`autoshard search` llama3-8b, 64 x h100, {len(rows)} candidates, {options} ({budget}"
+        f"{request['time_limit_s']:g} s per candidate, {request['workers']} workers): **{wall:.1f} s** wall "
+        f"(start to exit; {results['wall_s']:.1f} s inside the search); "
         + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         + (f"; gap median {median(gaps):.2%}, largest {max(gaps):.2%}" if gaps else ""),
         "",
