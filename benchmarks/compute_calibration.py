@@ -580,10 +580,15 @@ def _measure(args: argparse.Namespace) -> None:
     )
     print()
     print(report(results))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"results -> {args.out}")
+    write_results(results, args.out)
+
+
+def write_results(results: dict[str, Any], out: Path | None) -> None:
+    """``results`` as JSON at ``out`` (its folder made), said on stdout; nothing without ``out``."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"results -> {out}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,10 @@ from typing import Any
 
 FORMAT = "autoshard-step-calibration/1"
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script on the GPU machine: its sibling below is importable
+
+from benchmarks.compute_calibration import write_results  # noqa: E402  (stdlib only, like this path)
+
 CASES: tuple[dict[str, Any], ...] = (
     {"model": "llama3-8b", "layers": 4, "batch": 2, "seq": 8192},
     {"model": "llama3-8b", "layers": 4, "batch": 4, "seq": 2048},
@@ -46,7 +50,6 @@ CASES: tuple[dict[str, Any], ...] = (
 
 def export(hardware: str, time_limit: float) -> dict[str, Any]:
     """Plan every case on one device of ``hardware``; the cases document ``measure`` reads."""
-    sys.path.insert(0, str(ROOT))
     from strategies.models.builder import MODELS
     from strategies.plan.planner import PlanRequest, plan_model
 
@@ -253,10 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         f"\n{len(results['results'])} cases on {results['device']}, torch {results['torch']}, "
         f"{results['seconds']:.1f} s"
     )
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"results -> {args.out}")
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":
