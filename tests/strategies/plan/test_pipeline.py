@@ -1,0 +1,103 @@
+"""The pipeline step simulator (strategies/plan/pipeline.py) against the schedules' closed forms: GPipe and
+1F1B take ``(m + p - 1)(f + b)`` on uniform stages, the interleaved schedule cuts the bubble by its ``v``
+chunks (Narayanan et al. 2021), 1F1B holds ``p - rank`` micro-batches where GPipe holds all of them."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from strategies.plan.pipeline import (
+    BACKWARD,
+    FORWARD,
+    GPIPE,
+    INTERLEAVED,
+    ONE_F_ONE_B,
+    Link,
+    StageCost,
+    balance,
+    rank_orders,
+    simulate,
+)
+
+FREE = Link(bandwidth=1e30)
+"""A link that costs nothing: the schedules' own arithmetic."""
+
+
+def uniform(stages: int, forward: float = 1.0, backward: float = 2.0, activation: float = 10.0) -> list:
+    return [StageCost(forward, backward, activation, send_bytes=4.0)] * stages
+
+
+@pytest.mark.parametrize("schedule", [GPIPE, ONE_F_ONE_B])
+@pytest.mark.parametrize(("ranks", "microbatches"), [(4, 8), (4, 4), (2, 16), (8, 3)])
+def test_uniform_stages_take_m_plus_p_minus_1_slots(schedule: str, ranks: int, microbatches: int) -> None:
+    step = simulate(uniform(ranks), microbatches, schedule, FREE)
+    assert step.step_s == pytest.approx((microbatches + ranks - 1) * 3.0)
+    assert all(bubble == pytest.approx((ranks - 1) * 3.0) for bubble in step.bubble_s)
+
+
+def test_1f1b_holds_p_minus_rank_microbatches_where_gpipe_holds_all() -> None:
+    one_f_one_b = simulate(uniform(4), 8, ONE_F_ONE_B, FREE)
+    gpipe = simulate(uniform(4), 8, GPIPE, FREE)
+    assert one_f_one_b.peak_microbatches == (4, 3, 2, 1)
+    assert one_f_one_b.peak_activation_bytes == (40.0, 30.0, 20.0, 10.0)
+    assert gpipe.peak_microbatches == (8, 8, 8, 8)
+
+
+@pytest.mark.parametrize(("ranks", "chunks", "microbatches"), [(4, 2, 8), (4, 4, 8), (2, 3, 6)])
+def test_interleaving_v_chunks_divides_the_bubble_by_v(ranks: int, chunks: int, microbatches: int) -> None:
+    # each rank's chunks together cost what one stage of a 1F1B pipeline does: f = 1, b = 2
+    stages = uniform(ranks * chunks, forward=1.0 / chunks, backward=2.0 / chunks, activation=10.0 / chunks)
+    step = simulate(stages, microbatches, INTERLEAVED, FREE, chunks=chunks)
+    assert step.step_s == pytest.approx(microbatches * 3.0 + (ranks - 1) * 3.0 / chunks)
+    # Megatron's first rank holds p (1 + (p - 1) / (p v)) micro-batches' worth of activations: more than 1F1B
+    assert step.peak_activation_bytes[0] == pytest.approx(10.0 * ranks * (1 + (ranks - 1) / (ranks * chunks)))
+
+
+def test_every_rank_runs_every_forward_and_backward_once_forwards_first() -> None:
+    for schedule, chunks in ((GPIPE, 1), (ONE_F_ONE_B, 1), (INTERLEAVED, 3)):
+        orders = rank_orders(schedule, 4, 8, chunks)
+        for rank, order in enumerate(orders):
+            stages = {rank + 4 * chunk for chunk in range(chunks)}
+            expected = {(kind, s, i) for kind in (FORWARD, BACKWARD) for s in stages for i in range(8)}
+            assert sorted((a.kind, a.stage, a.microbatch) for a in order) == sorted(expected)
+            seen = [(a.kind, a.stage, a.microbatch) for a in order]
+            for kind, s, i in seen:
+                if kind == BACKWARD:
+                    assert seen.index((FORWARD, s, i)) < seen.index((BACKWARD, s, i))
+
+
+def test_a_slow_link_and_a_slow_stage_lengthen_the_step() -> None:
+    base = simulate(uniform(4), 8, ONE_F_ONE_B, FREE).step_s
+    sends = simulate(uniform(4), 8, ONE_F_ONE_B, Link(bandwidth=4.0, latency=0.5)).step_s  # 1.5 s a hop
+    assert sends > base
+    slow = uniform(4)
+    slow[2] = StageCost(2.0, 4.0, 10.0, 4.0)  # the slowest stage sets the pace
+    step = simulate(slow, 8, ONE_F_ONE_B, FREE)
+    # at least its 8 slots of 6 s, after the forwards before it (2 s) and before the backwards after it
+    # (4 s); at most every stage as slow as it
+    assert 2.0 + 8 * 6.0 + 4.0 <= step.step_s < (8 + 3) * 6.0
+    assert step.busy_s[2] == 48.0 and step.bubble_s[2] == step.step_s - 48.0
+    assert simulate(uniform(4), 8, ONE_F_ONE_B, FREE).send_bytes == 2 * 8 * 3 * 4.0
+
+
+def test_balance_cuts_the_least_largest_stage_with_the_embedding_and_head_on_the_ends() -> None:
+    assert balance([1.0] * 8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    cut = balance([1.0] * 12, 4, first_s=2.0, last_s=1.0)
+    costs = [len(r) + (2.0 if k == 0 else 0.0) + (1.0 if k == 3 else 0.0) for k, r in enumerate(cut)]
+    assert max(costs) == 4.0  # 15 s over 4 stages: 3.75 at best, and whole layers
+    assert len(cut[0]) < len(cut[1]) and len(cut[3]) < len(cut[2])  # the ends carry the embedding and head
+    assert cut[0].start == 0 and cut[-1].stop == 12
+    assert all(a.stop == b.start for a, b in itertools.pairwise(cut))
+    with pytest.raises(ValueError, match="stages"):
+        balance([1.0] * 3, 4)
+
+
+def test_bad_schedules_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="schedule"):
+        rank_orders("zigzag", 4, 8)
+    with pytest.raises(ValueError, match="microbatches"):
+        rank_orders(INTERLEAVED, 4, 6, chunks=2)
+    with pytest.raises(ValueError, match="chunks"):
+        rank_orders(ONE_F_ONE_B, 4, 8, chunks=2)
