@@ -13,10 +13,10 @@ is a built-in Llama 3 shape at fewer layers (one GPU holds them), planned with `
 bf16, as the capture's step runs it: forward, the cross-entropy loss, backward (no optimizer). ``measure``
 builds the same module (``strategies/models/llama.py``, loaded by path, so torch is all it needs) on
 CUDA, runs warm-up steps, then times each step between CUDA events (median kept) and reads
-``torch.cuda.max_memory_allocated`` over one step begun with the gradients freed while Adam's two fp32
-moments are held, as the plan counts them, against the plan's ``peak_memory_bytes``. Beside it, for
-reference: torch's fused AdamW step timed apart (the plan's step has no optimizer) and the peak over a
-step with it (torch keeps a bf16 parameter's moments in bf16).
+``torch.cuda.max_memory_allocated`` over one step begun with the gradients freed while torch's fused AdamW
+holds its state (two moments in the parameter's dtype, as the plan counts them), against the plan's
+``peak_memory_bytes``. Beside it: the AdamW step timed apart (the plan's step has no optimizer) and the peak
+over a step with it.
 """
 
 from __future__ import annotations
@@ -121,17 +121,13 @@ def measure_case(case: dict[str, Any], steps: int, warmup: int) -> dict[str, Any
         model(tokens, targets).backward()
 
     times = _timed(step, steps, warmup)
-    params = [p for p in model.parameters()]
-    # Adam's two moments as the plan counts them (fp32, ADAM_STATE_BYTES): held through the step
-    moments = [torch.zeros_like(p, dtype=torch.float32) for p in params for _ in range(2)]
-    plan_state_peak = _peak(step)
-    del moments
-    # torch's own AdamW (fused): its moments take the parameter's dtype; the optimizer step timed apart
-    optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)
+    # torch's own AdamW (fused), its two moments in the parameter's dtype, as the plan counts them
+    optimizer = torch.optim.AdamW(list(model.parameters()), lr=1e-5, fused=True)
     step()
     optimizer.step()
     optimizer_times = _timed(optimizer.step, steps, warmup)
-    adamw_peak = _peak(lambda: (step(), optimizer.step()))
+    peak = _peak(step)  # the plan's step: forward, loss, backward, with the optimizer's state held
+    with_optimizer_peak = _peak(lambda: (step(), optimizer.step()))
     measured_s = statistics.median(times)
     optimizer_s = statistics.median(optimizer_times)
     predicted = case["predicted"]
@@ -141,10 +137,10 @@ def measure_case(case: dict[str, Any], steps: int, warmup: int) -> dict[str, Any
         "measured_s": measured_s,
         "step_times_s": times,
         "optimizer_s": optimizer_s,
-        "measured_peak_bytes": plan_state_peak,
-        "adamw_peak_bytes": adamw_peak,
+        "measured_peak_bytes": peak,
+        "with_optimizer_step_peak_bytes": with_optimizer_peak,
         "time_ratio": measured_s / predicted["step_time_s"],
-        "peak_ratio": plan_state_peak / predicted["peak_memory_bytes"],
+        "peak_ratio": peak / predicted["peak_memory_bytes"],
         "achieved_tflops": predicted["model_flops"] / measured_s / 1e12,
     }
 
@@ -227,7 +223,7 @@ def row(result: dict[str, Any]) -> str:
         f"{result['optimizer_s'] * 1e3:,.1f} | "
         f"{(result['measured_s'] + result['optimizer_s']) / p['step_time_s']:.2f} | "
         f"{p['peak_memory_bytes'] / 2**30:,.1f} | {result['measured_peak_bytes'] / 2**30:,.1f} | "
-        f"{result['peak_ratio']:.2f} | {result['adamw_peak_bytes'] / 2**30:,.1f} |"
+        f"{result['peak_ratio']:.2f} | {result['with_optimizer_step_peak_bytes'] / 2**30:,.1f} |"
     )
 
 

@@ -7,7 +7,8 @@ Problem nodes (each with its strategy list, cost and memory per strategy):
   a view op's output shares its input's storage, so it counts from the next op on; a gradient is alive as the
   op's output only until its last use inside the step (its sink holds it from the next op on);
 - one per parameter: every placement of the tensor (``R`` or ``S(d)`` per axis, no ``P``); it holds the
-  parameter and its optimizer state (Adam: two fp32 moments, sharded like the parameter) for the whole step;
+  parameter and its optimizer state (Adam: two moments in its dtype, sharded like the parameter) for the
+  whole step;
 - one *gradient sink* per parameter, grouped with it (same strategy index, so the gradient ends in the
   parameter's placement): its one incoming edge is the gradient's reduction (DDP's all-reduce, FSDP's
   reduce-scatter); it holds the gradient from its production to the end of the step;
@@ -77,8 +78,11 @@ if TYPE_CHECKING:
 COST_UNIT_S = 1e-6
 """Problem costs are in microseconds."""
 
-ADAM_STATE_BYTES = 8
-"""Optimizer state per parameter element: Adam's two fp32 moments."""
+ADAM_MOMENTS = 2
+"""Optimizer state per parameter element: Adam's two moments, each in the parameter's dtype, as
+``torch.optim.Adam``/``AdamW`` keep them (a bf16 parameter's moments are bf16: on one H200 the peak with
+torch's AdamW was 7.2 GiB under the one with fp32 moments for 1.9 B bf16 parameters,
+``benchmarks/step_calibration.py``)."""
 
 
 @dataclass
@@ -319,7 +323,7 @@ def build_problem(
     input_placements: Mapping[int, Spec] | None = None,
     parameter_placements: Mapping[str, Spec] | None = None,
     credit: Mapping[str, float] | None = None,
-    optimizer_state_bytes: int = ADAM_STATE_BYTES,
+    optimizer_state_bytes: int | None = None,
     module_path: Mapping[str, str] | None = None,
     share_layers: bool = True,
     repeat: LayerRepeat | None = None,
@@ -354,7 +358,8 @@ def build_problem(
             continue
         kind, name = role.get(node, ("input", node.name))
         meta = TensorMeta.of(node.meta["val"])
-        extra = optimizer_state_bytes if kind == "parameter" else 0
+        state = ADAM_MOMENTS * meta.itemsize if optimizer_state_bytes is None else optimizer_state_bytes
+        extra = state if kind == "parameter" else 0
         pn = placeholder_node(name if kind != "input" else node.name, kind, meta, mesh, extra)
         if kind == "input":
             pn.compute_s = input_load_s(pn, mesh)

@@ -61,7 +61,7 @@ def test_a_row_reports_ratios_and_a_failed_case_its_error() -> None:
         "time_ratio": 0.75,
         "measured_peak_bytes": 2**30,
         "peak_ratio": 0.5,
-        "adamw_peak_bytes": 2**30,
+        "with_optimizer_step_peak_bytes": 2**30,
     }
     assert row(result) == (
         "| llama3-8b 4 layers b2 s8192 | 400.0 | 300.0 | 0.75 | 500 | 20.0 | 0.80 | 2.0 | 1.0 | 0.50 | 1.0 |"
