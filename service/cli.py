@@ -360,6 +360,7 @@ def run_command(
     failed or --check found a difference (naming the tensor), 2 for bad input (a plan for another model,
     mesh, version or world size).
     """
+    _collect_as_python_does()
     from runtime.launch import RunFailed, run
     from runtime.plan_checks import PlanMismatch
     from runtime.report import report_text
@@ -518,6 +519,7 @@ def serve_command(
 
     Every setting is read from the environment (AUTOSHARD_*, see README); options override them.
     """
+    _collect_as_python_does()
     import logging
 
     import uvicorn
@@ -565,10 +567,18 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 GC_THRESHOLDS = (100_000, 50, 100)
-"""The cyclic collector's thresholds in a command's process (Python's: 700, 10, 10). Importing torch and
-tracing a model on fake tensors make millions of objects that live to the end; at the default thresholds the
-collector walks them again and again: 0.7-1.0 s of `autoshard plan` llama3-8b 8x8's 4.8-5.4 s (4.2 s with
-these, 4.0 s with no collection at all). Cycles are still collected, a hundred times less often."""
+"""The cyclic collector's thresholds in a one-shot command's process (Python's: 700, 10, 10). Importing torch
+and tracing a model on fake tensors make millions of objects that live to the end; at the default thresholds
+the collector walks them again and again: 0.7-1.0 s of `autoshard plan` llama3-8b 8x8's 4.8-5.4 s (4.2 s with
+these, 4.0 s with no collection at all). Young cycles are still collected, far less often, old ones hardly:
+the long-lived commands (`serve`, `run`) go back to Python's thresholds (`_collect_as_python_does`)."""
+PYTHON_GC_THRESHOLDS = gc.get_threshold()
+
+
+def _collect_as_python_does() -> None:
+    """Python's own collector thresholds, for a process that lives long (a server, training steps): under
+    `GC_THRESHOLDS` the oldest generation would almost never be collected."""
+    gc.set_threshold(*PYTHON_GC_THRESHOLDS)
 
 
 def main() -> None:
