@@ -22,6 +22,7 @@ over a step with it.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.util
 import json
@@ -84,9 +85,10 @@ def export(hardware: str, time_limit: float) -> dict[str, Any]:
     return {"format": FORMAT, "hardware": hardware, "cases": cases}
 
 
+@functools.cache
 def _llama_module() -> Any:
     """``strategies/models/llama.py`` imported by path with its one sibling, not the package (whose
-    ``__init__`` imports the capture and the rest of autoshard)."""
+    ``__init__`` imports the capture and the rest of autoshard); once per process."""
     for package in ("strategies", "strategies.models"):
         sys.modules.setdefault(package, types.ModuleType(package))
     for name in ("options", "llama"):
