@@ -16,6 +16,10 @@ from \\ to              ``R``                        ``S(d)``                   
 ``P``                   all-reduce                   reduce-scatter                 impossible unless equal
 ======================  ===========================  ===========================
 
+A step that reshapes the local piece (a gather, a slice, an all-to-all) while another axis holds ``P(mask)``
+is impossible: DTensor's mask was made for the lookup's local shape and no longer fits it (the mask partial
+has to be reduced first).
+
 Bytes at each step are those of the largest local piece at that moment (uneven shards count the
 largest piece). :func:`redistribute_steps` and :func:`redistribute_s` apply these rules step by step (the
 reference, and the steps a plan reports); a whole ``[producer strategy, consumer strategy]`` matrix is priced
@@ -123,6 +127,8 @@ def _step(mesh: Mesh, shape: tuple[int, ...], itemsize: int, state: list[int], a
     after_state = list(state)
     after_state[axis] = want
     after = local_numel(shape, tuple(after_state), mesh.shape) * itemsize
+    if (is_shard(have) or is_shard(want)) and any(c == P_MASK for i, c in enumerate(state) if i != axis):
+        return Step(axis, have, want, "impossible", 0, INF)  # a P(mask) elsewhere: its mask would not fit
     if is_shard(have) and want == R:
         return Step(axis, have, want, "all_gather", after, all_gather_s(mesh, axis, after))
     if is_shard(have) and is_shard(want):

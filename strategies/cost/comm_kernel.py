@@ -124,6 +124,16 @@ def step_s(terms: np.ndarray, axis: int, have: int, want: int, before: float, af
     return ring_pass_s(terms, axis, before)  # reduce-scatter
 
 
+@njit(inline="always")
+def _masked_elsewhere(state: np.ndarray, axis: int) -> bool:
+    """Whether an axis other than ``axis`` holds ``P(mask)``: its mask was made for the local shape of the
+    lookup, so a step that reshapes the local piece first leaves DTensor a mask that no longer fits."""
+    masked = False  # a loop, not any(): numba compiles no generator here
+    for other in range(len(state)):
+        masked = masked or (other != axis and state[other] == P_MASK)
+    return masked
+
+
 def spec_seconds(
     src: np.ndarray,
     dst: np.ndarray,
@@ -185,12 +195,16 @@ def _seconds(
                             break
                     have = state[axis]
                     if have != want:
+                        if (have >= 0 or want >= 0) and _masked_elsewhere(state, axis):
+                            total = INF
                         moved = key + (want - have) * weights[axis]
                         total += step_s(terms, axis, have, want, lookup[key], lookup[moved])
                         key, state[axis] = moved, want
             for axis in range(axes):
                 want, have = dst[j, axis], state[axis]
                 if have != want:
+                    if (have >= 0 or want >= 0) and _masked_elsewhere(state, axis):
+                        total = INF
                     moved = key + (want - have) * weights[axis]
                     total += step_s(terms, axis, have, want, lookup[key], lookup[moved])
                     key, state[axis] = moved, want

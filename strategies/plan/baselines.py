@@ -18,6 +18,11 @@ Rules (``ndim`` mesh axes; "the last axis" is the tensor-parallel one):
   node) and ``R`` on the others (replicas across nodes); batch over all axes;
 - ``fsdp_tp`` (meshes of 2+ axes): Megatron on the last axis combined with FSDP's ``S(0)`` on the others.
 
+In ``megatron`` and ``fsdp_tp`` a parameter's shard on the last axis is also kept all the way to the ops that
+read it (its cast, its transpose, the matmul): Megatron never gathers a tensor-parallel weight, it moves
+activations. Without that the solver may gather the weight over the last axis and split the batch there
+instead, which is FSDP over that axis, not tensor parallelism (:func:`baseline_problem`).
+
 The batch pin goes on every input whose dim 0 equals the first input's (tokens and targets alike). A pin that
 is not among a node's strategies falls back to ``R`` on the axes that do not fit; the result's ``message``
 says which.
@@ -40,8 +45,11 @@ import numpy as np
 from solver.problem import Problem
 from strategies.placement import R, spec_text
 from strategies.problem.builder import BuiltProblem, ProblemNode
+from strategies.problem.comm_roles import PARAMETER
 
 BASELINES = ("ddp", "fsdp", "hsdp", "megatron", "fsdp_tp")
+TENSOR_PARALLEL = ("megatron", "fsdp_tp")
+"""The baselines whose last axis is tensor parallel."""
 
 _COLUMN = re.compile(
     r"^(wq|wk|wv|w1|w3|c_fc|c_attn|up|up_proj|gate|gate_proj|w_gate|w_up|q_proj|k_proj|v_proj|qkv|fc1)$"
@@ -75,6 +83,43 @@ def baseline_pins(
     return _baseline_pins(name, built, parameter_names)[0]
 
 
+def baseline_problem(name: str, built: BuiltProblem) -> Problem:
+    """``built``'s problem as the baseline ``name`` runs it: its pins, and for the tensor-parallel baselines
+    the ops a parameter reaches its readers through (its cast, transpose, view: edges of role ``parameter``)
+    restricted to the strategies that take the parameter as its shard on the last axis already is, so none
+    gathers or re-cuts it there (a slice of a replicated parameter stays allowed)."""
+    pins = baseline_pins(name, built)
+    problem = built.problem.replace(pins={**built.problem.pins, **pins})
+    if name not in TENSOR_PARALLEL:
+        return problem
+    axis = built.mesh.ndim - 1
+    nodes, edges, roles = built.nodes, built.edges, built.roles()
+    allowed = {index: np.eye(len(nodes[index].output_specs), dtype=bool)[pins[index]] for index in pins}
+    into: dict[int, list[int]] = {}
+    for e, edge in enumerate(edges):
+        if roles[e] == PARAMETER:
+            into.setdefault(edge.consumer, []).append(e)
+    costs = problem.costs.copy()
+    for consumer in built.step_roles().ops:
+        mask = np.ones(len(nodes[consumer].input_specs), dtype=bool)
+        for e in into.get(consumer, ()):
+            edge = edges[e]
+            if edge.producer not in allowed:
+                continue
+            codes = np.unique(nodes[edge.producer].output_specs[allowed[edge.producer], edge.output, axis])
+            if R not in codes:
+                mask &= np.isin(nodes[consumer].input_specs[:, edge.argument, axis], codes)
+        if mask.all():
+            if consumer in built.step_roles().made_from:
+                allowed[consumer] = mask
+            continue
+        if not mask.any():  # no strategy takes the shard as it is: leave the op free (the baseline's message)
+            continue
+        allowed[consumer] = mask
+        costs[problem.node_offsets[consumer] : problem.node_offsets[consumer + 1]][~mask] = np.inf
+    return problem.replace(costs=costs)
+
+
 def solve_baseline(
     name: str, built: BuiltProblem, time_limit: float = 60.0, backend: str = "auto"
 ) -> BaselineResult:
@@ -89,7 +134,7 @@ def solve_baseline(
     if name in ("fsdp_tp", "hsdp") and built.mesh.ndim < 2:
         return BaselineResult(name, "not_applicable", None, None, False, f"{name} needs a mesh of 2+ axes")
     pins, notes = _baseline_pins(name, built, None)
-    problem = built.problem.replace(pins={**built.problem.pins, **pins})
+    problem = baseline_problem(name, built)
     message = "; ".join(notes)
     try:
         result = solve(problem, backend=backend, time_limit=time_limit)
@@ -261,6 +306,7 @@ __all__ = [
     "BASELINES",
     "BaselineResult",
     "baseline_pins",
+    "baseline_problem",
     "restrict_to_baseline",
     "solve_baseline",
     "solve_baselines",

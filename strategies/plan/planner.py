@@ -279,9 +279,9 @@ def _solve_built(
     """The solve of a built problem (the request's baseline pinned), and the problem solved."""
     problem = built.problem
     if request.baseline is not None:
-        from strategies.plan.baselines import baseline_pins
+        from strategies.plan.baselines import baseline_problem
 
-        problem = problem.replace(pins={**problem.pins, **baseline_pins(request.baseline, built)})
+        problem = baseline_problem(request.baseline, built)
     say(f"solving: {problem.summary()}")
     result = solve(
         problem,

@@ -145,3 +145,24 @@ def test_the_collective_formulas_are_read_from_one_row_of_terms_per_axis() -> No
     ring = 2 * 7 * link.latency + 2 * 7 / 8 * 2**30 / link.bandwidth
     tree = 2 * 3 * link.latency + 2 * 2**30 / link.bandwidth
     assert all_reduce_s(mesh, 2, 2**30) == launch + min(ring, tree)
+
+
+def test_a_masked_partial_is_reduced_before_another_axis_reshapes_it() -> None:
+    """DTensor's P(mask) keeps a mask of the lookup's local shape: slicing or gathering on another axis first
+    leaves a mask that no longer fits the value (an IndexError at the reduction), so that order is refused.
+    From a sharded value DTensor works inside out, reducing the mask partial first: allowed."""
+    mesh, shape = make_mesh("2x2"), (4, 16, 64)
+    refused = [((R, P_MASK), (0, R)), ((R, P_MASK), (1, 0)), ((R, R, P_MASK), (R, 0, R))]
+    allowed = [
+        ((R, P_MASK), (R, R)),
+        ((0, P_MASK), (0, R)),
+        ((0, P_MASK), (0, 1)),
+        ((R, P_MASK), (R, 0)),
+        ((0, P_MASK), (R, R)),
+        ((0, P_MASK), (1, R)),
+    ]
+    for src, dst in refused + allowed:
+        mesh = make_mesh("2x2x2" if len(src) == 3 else "2x2")
+        kernel = pair_costs(mesh, shape, 2, np.array([src]), np.array([dst]))[0]
+        assert kernel == redistribute_s(mesh, shape, 2, src, dst), (src, dst)
+        assert np.isinf(kernel) == ((src, dst) in refused), (src, dst, kernel)

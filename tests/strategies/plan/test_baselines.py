@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from solver.solve import solve
 from strategies.cost.comm import redistribute_steps
 from strategies.cost.mesh import make_mesh
 from strategies.placement import R, spec_text
 from strategies.plan.baselines import BASELINES, _pin, baseline_pins, solve_baseline
+from strategies.plan.plan_json import plan_moves
 from strategies.plan.planner import PlanRequest, plan_model
 from strategies.problem.builder import placeholder_node
+from strategies.problem.comm_roles import PARAMETER
 from strategies.tensor_meta import TensorMeta
 
 TIME_LIMIT = 60.0  # small problems: both the plan and the baselines solve to optimality
@@ -102,6 +105,24 @@ def test_fsdp_and_megatron_pins(solved):
     assert set(baseline_pins("ddp", built, ["w1.weight"])) == {built.parameter_nodes["w1.weight"]} | set(
         built.input_nodes
     )
+
+
+def test_megatron_moves_activations_never_its_weights():
+    """At a large batch, gathering the small weights over the tensor-parallel axis is cheaper than moving the
+    activations: with the parameters pinned alone the solver does that (FSDP over the axis). The baseline
+    keeps every weight's shard up to the matmul that reads it."""
+    built = _plan("4", 65536).built
+
+    def parameter_moves(solution) -> list:
+        runs = plan_moves(built, np.asarray(solution, dtype=np.int64))
+        return [m for m in runs.moves if built.roles()[m.edge] == PARAMETER]
+
+    pinned = built.problem.replace(pins={**built.problem.pins, **baseline_pins("megatron", built)})
+    assert parameter_moves(solve(pinned, time_limit=TIME_LIMIT).solution)  # the weights gathered
+    megatron = solve_baseline("megatron", built, TIME_LIMIT)
+    assert megatron.feasible and megatron.status == "optimal"
+    assert parameter_moves(megatron.solution) == []
+    assert megatron.predicted["collectives"], "Megatron moves activations instead"
 
 
 def test_fsdp_tp_on_a_2d_mesh():
