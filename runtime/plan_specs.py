@@ -63,6 +63,18 @@ def hold_mask(value: Any) -> None:
             mask.materialize_mask(mask.data)
 
 
+def release_mask(value: Any) -> None:
+    """Give back the lookup's own hold on the mask of a ``P(mask)`` value that goes. Every reduction of it
+    took a hold of its own (:func:`hold_mask`), so the one the embedding took would outlive the value: the
+    propagator hands later lookups of the same shapes and placements the same ``_MaskPartial``, whose mask
+    would still be held with other indices' data ("MaskBuffer has been materialized with conflicting
+    data" on the next batch)."""
+    for placement in getattr(value, "placements", ()):
+        mask = getattr(placement, "mask_buffer", None)
+        if mask is not None and mask.refcount > 0:
+            mask.release_mask()
+
+
 def differs(placements: Sequence[Any], codes: Spec) -> bool:
     """Whether DTensor placements are other than the planned ``codes`` (a ``_MaskPartial`` is ``P(mask)``)."""
     try:

@@ -19,8 +19,9 @@ The values the plan recomputes (``recompute``) are dropped after their last forw
 when their layer's backward begins, by the same ops on the same placements, a random op from the generator
 state its forward drew from (:mod:`runtime.recomputation` says the order and when each value goes).
 
-The step returns the loss and the gradients, each gradient redistributed to its parameter's placement (the
-gradient reduction the plan priced), so any torch optimizer steps on the DTensor parameters.
+The step returns the loss, replicated (the plan's loss sink: a partial loss is all-reduced within the step,
+as priced), and the gradients, each redistributed to its parameter's placement (the gradient reduction the
+plan priced), so any torch optimizer steps on the DTensor parameters.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from runtime.plan_checks import (
     node_plans,
     placements_of,
 )
-from runtime.plan_specs import differs, hold_mask
+from runtime.plan_specs import differs, hold_mask, release_mask
 from runtime.replicated_ops import lacks_rule, run_replicated
 from strategies.graph.capture import JointGraph
 from strategies.placement import Spec, spec_text, to_dtensor
@@ -279,8 +280,11 @@ class PlannedStep:
                     gradients[name] = redistribute(env[node], self.parameter_placements[name])  # at once,
                     live.add(gradients[name])  # as DDP and FSDP reduce
                 for done in drops:  # values past their last use go
-                    live.remove(env.pop(done))
-        return StepResult(env[self.graph.loss], gradients, deviations, live.peak)
+                    gone = env.pop(done)
+                    release_mask(gone)
+                    live.remove(gone)
+        loss = redistribute(env[self.graph.loss], (Replicate(),) * self.mesh.ndim)  # the plan's loss sink
+        return StepResult(loss, gradients, deviations, live.peak)
 
     def _run(
         self, node: fx.Node, env: dict[fx.Node, Any], deviations: list[Deviation], live: LiveBytes
@@ -306,6 +310,7 @@ class PlannedStep:
                 env[source] = (
                     moved if k == 0 and not isinstance(held, (tuple, list)) else _replaced(held, k, moved)
                 )
+                release_mask(value)  # the value goes: its copy replaces it
                 live.remove(value)
                 live.add(moved)
             return moved

@@ -121,3 +121,16 @@ def test_a_plan_naming_other_parameters_is_refused(ranks, tmp_path) -> None:
     assert all(
         isinstance(r, RankError) and "w2.weight" in r.message and "w3.weight" in r.message for r in reports
     )
+
+
+def test_a_vocabulary_parallel_lookup_runs_again_on_other_tokens(ranks, tmp_path) -> None:
+    """The lookup's P(mask) output shares its mask buffer with every later lookup of the same shapes and
+    placements (DTensor's propagator hands out one placement object): once the value goes, its mask must go
+    too, or the next run's tokens meet the last run's mask ("MaskBuffer has been materialized with
+    conflicting data")."""
+    plan = write_plan(tmp_path, "gpt", "2x2", "megatron")
+    embedding = next(n for n in json.loads(plan.read_text())["nodes"] if n["op"] == "aten.embedding.default")
+    assert "P(mask)" in embedding["output"][0]  # the vocabulary cut over tp
+    for seed in (3, 4):  # other weights and other tokens, in the same processes
+        reports = ranks.run(run_rank, RunOptions(model="gpt2-small", plan=str(plan), steps=1, seed=seed))
+        assert all(isinstance(r, dict) for r in reports), reports
