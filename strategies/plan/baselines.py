@@ -109,11 +109,7 @@ def baseline_problem(name: str, built: BuiltProblem) -> Problem:
             codes = np.unique(nodes[edge.producer].output_specs[allowed[edge.producer], edge.output, axis])
             if R not in codes:
                 mask &= np.isin(nodes[consumer].input_specs[:, edge.argument, axis], codes)
-        if mask.all():
-            if consumer in built.step_roles().made_from:
-                allowed[consumer] = mask
-            continue
-        if not mask.any():  # no strategy takes the shard as it is: leave the op free (the baseline's message)
+        if not mask.any():  # no strategy takes the shard as it is: the op stays free
             continue
         allowed[consumer] = mask
         costs[problem.node_offsets[consumer] : problem.node_offsets[consumer + 1]][~mask] = np.inf
