@@ -32,6 +32,7 @@ FEASIBLE, PARETO, INFEASIBLE, BUDGET = "#7f9fc6", "#c44e52", "#937860", "#55a868
 STYLE = {
     "text.parse_math": False,
     "svg.fonttype": "none",
+    "svg.hashsalt": "autoshard",  # the same ids for the same figure: a report renders the same bytes
     "font.size": 9,
     "axes.spines.top": False,
     "axes.spines.right": False,
@@ -47,7 +48,7 @@ _STYLE_LOCK = threading.Lock()
 def styled() -> Iterator[None]:
     """The report's plot style while a figure is drawn and saved. matplotlib's settings are global, so one
     figure is drawn at a time (a service may render reports in several threads)."""
-    with _STYLE_LOCK, rc_context({**STYLE, "svg.hashsalt": "autoshard"}):
+    with _STYLE_LOCK, rc_context(STYLE):
         yield
 
 

@@ -123,12 +123,12 @@ def redistribute_steps(mesh: Mesh, shape: tuple[int, ...], itemsize: int, src: S
 
 def _step(mesh: Mesh, shape: tuple[int, ...], itemsize: int, state: list[int], axis: int, want: int) -> Step:
     have = state[axis]
+    if (is_shard(have) or is_shard(want)) and any(c == P_MASK for i, c in enumerate(state) if i != axis):
+        return Step(axis, have, want, "impossible", 0, INF)  # a P(mask) elsewhere: its mask would not fit
     before = local_numel(shape, tuple(state), mesh.shape) * itemsize
     after_state = list(state)
     after_state[axis] = want
     after = local_numel(shape, tuple(after_state), mesh.shape) * itemsize
-    if (is_shard(have) or is_shard(want)) and any(c == P_MASK for i, c in enumerate(state) if i != axis):
-        return Step(axis, have, want, "impossible", 0, INF)  # a P(mask) elsewhere: its mask would not fit
     if is_shard(have) and want == R:
         return Step(axis, have, want, "all_gather", after, all_gather_s(mesh, axis, after))
     if is_shard(have) and is_shard(want):
