@@ -122,7 +122,13 @@ class WorkerSlot(threading.Thread):
         except Exception as error:  # a broken pipe: retried, then failed
             log.warning("job %s could not be handed to its worker", job.id, exc_info=True)
             if isinstance(error, OSError):
+                process = self.worker.process
+                process.join(timeout=1.0)  # a pipe breaks when its worker dies: say so, as a death
+                code = process.exitcode  # before this replica stops the worker itself
                 self._stop_work()
+                if code is not None:
+                    self._retry_or_fail(job, f"its worker process died (exit code {code})")
+                    return
             self._retry_or_fail(job, f"it could not be handed to a worker ({type(error).__name__})")
             return
         deadline = time.monotonic() + job.time_limit_s + settings.job_grace_s
