@@ -25,12 +25,18 @@ splits its limit among its phases: llama3-8b on 8x8 under 37.2 GiB ended at +0.8
 at +1.04% in 7.7 s: the tight solve's time varies run to run). A probe is a heuristic answer, not a proof:
 a solve that stops within its gap above the cap may have missed an answer under it, so the peak found is an
 upper bound of the program's optimum.
+
+The objective is a model of the step: a caller with a truer measure of a plan (the planner simulates each
+answer's schedule, and an answer the objective rates within the gap can simulate several percent slower when
+its collectives hide less than the credit it was solved with assumed) passes ``accept``; a probe's answer it
+refuses counts as one above the cap.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from solver.errors import InfeasibleError
@@ -68,11 +74,13 @@ def with_headroom(
     time_limit: float,
     backend: str = "auto",
     threads: int = 2,
+    accept: Callable[[SolveResult], bool] | None = None,
 ) -> Headroom:
     """The answer of least peak found under the cap (module docstring), starting from ``fastest`` (a solve
     of ``problem`` with a solution and its peak), within ``time_limit`` seconds (each probe gets what is
-    left of them). The result keeps ``fastest``'s bound and reports its own cost, peak and gap against it
-    (``feasible`` unless its cost is the bound)."""
+    left of them); ``accept``, where given, must also hold of an answer (module docstring). The result
+    keeps ``fastest``'s bound and reports its own cost, peak and gap against it (``feasible`` unless its
+    cost is the bound)."""
     started = time.perf_counter()
     deadline = started + time_limit
     if fastest.solution is None or fastest.cost is None or fastest.peak_usage is None:
@@ -100,7 +108,8 @@ def with_headroom(
             probe = None
         last_probe_s = time.perf_counter() - now
         fits = probe is not None and probe.solution is not None and probe.cost is not None
-        if fits and probe.cost <= cap and probe.peak_usage is not None and probe.peak_usage < best_peak:
+        fits = fits and probe.cost <= cap and probe.peak_usage is not None and probe.peak_usage < best_peak
+        if fits and (accept is None or accept(probe)):
             best, best_peak = probe, probe.peak_usage
             if probe.cost - fastest.cost >= ROOM_USED * (cap - fastest.cost):
                 break  # a tighter limit would cost more than the little room left under the cap

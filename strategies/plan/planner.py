@@ -231,7 +231,15 @@ def _solve_and_plan(
     ):
         budget = min(left, max(HEADROOM_MIN_S, HEADROOM_SHARE * spent))
         say(f"headroom: the least peak within {100 * request.gap:g}% of the bound ({budget:.1f} s at most)")
-        result = with_headroom(problem, result, request.gap, budget, request.backend, threads).result
+        fastest_step_s = predict(built, np.asarray(result.solution, dtype=np.int64))["step_time_s"]
+
+        def simulated_within_gap(answer: SolveResult) -> bool:
+            step_s = predict(built, np.asarray(answer.solution, dtype=np.int64))["step_time_s"]
+            return bool(step_s <= fastest_step_s * (1.0 + request.gap))
+
+        result = with_headroom(
+            problem, result, request.gap, budget, request.backend, threads, accept=simulated_within_gap
+        ).result
     timings["solve"] = time.perf_counter() - phase
     plan = make_plan(built, result, request=request_record(request), fastest=fastest)
     plan["timings"] = {**timings, "total": time.perf_counter() - started}

@@ -58,6 +58,24 @@ def test_where_every_smaller_peak_costs_more_than_the_gap_the_fastest_answer_sta
     assert found.probes >= 1
 
 
+def test_an_answer_the_caller_refuses_counts_as_one_above_the_cap() -> None:
+    # 100.5 (peak 5) is within the gap by the objective, but the caller's truer measure (the planner's
+    # simulated step) refuses it: the fastest answer stays
+    problem = one_choice([100.0, 100.5], [10, 5])
+    fastest = solve(problem, relative_gap=GAP)
+    judged: list[list[int] | None] = []
+
+    def refuse_the_small_peak(answer: SolveResult) -> bool:
+        judged.append(answer.solution)
+        return answer.solution != [1]
+
+    found = with_headroom(problem, fastest, GAP, time_limit=10.0, accept=refuse_the_small_peak)
+
+    assert found.result is fastest
+    assert judged and all(solution == [1] for solution in judged)
+    assert with_headroom(problem, fastest, GAP, time_limit=10.0, accept=lambda _: True).result.solution == [1]
+
+
 def test_no_time_no_probe() -> None:
     problem = one_choice([100.0, 100.5], [10, 5])
     fastest = solve(problem, relative_gap=GAP)

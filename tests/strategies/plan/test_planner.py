@@ -124,9 +124,19 @@ def test_within_the_gap_the_plan_with_the_least_peak_is_taken() -> None:
     predicted, solver = plan["predicted"], plan["solver"]
     fastest = predicted["fastest"]
     assert predicted["peak_memory_bytes"] < fastest["peak_memory_bytes"]
-    assert fastest["step_time_s"] < predicted["step_time_s"]
+    assert fastest["step_time_s"] < predicted["step_time_s"] <= fastest["step_time_s"] * (1 + gap)
     assert solver["objective"] <= solver["bound"] / (1 - gap) and solver["gap"] <= gap
     assert plan["parameters"]["w1.weight"] == ["S(0)"]
+
+
+def test_the_plan_kept_for_its_headroom_simulates_within_the_gap_of_the_fastest() -> None:
+    # llama3-8b on 8x8: an answer peaking at 31 GiB, within 1% of the fastest (54.7 GiB) by the objective
+    # (its gathers credited as hidden as the fastest plan's are), simulated 7% slower: the pass refuses it
+    gap = 0.01
+    plan = plan_model(PlanRequest(model="llama3-8b", mesh="8x8", batch=16, seq=8192, gap=gap)).plan
+    predicted = plan["predicted"]
+    fastest = predicted.get("fastest", predicted)
+    assert predicted["step_time_s"] <= fastest["step_time_s"] * (1 + gap)
 
 
 def test_a_hand_written_layout_is_planned_as_it_is_without_headroom() -> None:
