@@ -83,10 +83,16 @@ def markdown(
     ]
     request = results["request"]
     budget = f"budget {request['budget_s']:g} s, " if request.get("budget_s") else ""
+    limits = sorted(row["time_limit_s"] for row in rows if row.get("time_limit_s") is not None)
+    given = (
+        f"{limits[0]:g}-{limits[-1]:g} s (median {median(limits):g} s)"
+        if limits and limits[0] != limits[-1]
+        else f"{request['time_limit_s']:g} s"
+    )
     options = " ".join([*flags(args), "--gap", f"{args.gap:g}"])
     lines = [
         f"`autoshard search` llama3-8b, 64 x h100, {len(rows)} candidates, {options} ({budget}"
-        f"{request['time_limit_s']:g} s per candidate, {request['workers']} workers): **{wall:.1f} s** wall "
+        f"solver limits {given}, {request['workers']} workers): **{wall:.1f} s** wall "
         f"(start to exit; {results['wall_s']:.1f} s inside the search); "
         + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         + (f"; gap median {median(gaps):.2%}, largest {max(gaps):.2%}" if gaps else ""),

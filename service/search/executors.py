@@ -14,6 +14,8 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from itertools import islice
 from typing import Any, Protocol
 
 from service.search.task import FAILED, CandidateTask, plan_candidate, warm_up_worker
@@ -29,7 +31,9 @@ class Executor(Protocol):
     """The cores each task may use (its solver's threads)."""
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
-        """Each task's outcome, in the order they finish."""
+        """Each task's outcome, in the order they finish. Tasks are taken from ``work`` as workers free up
+        (all running and one more queued), so what the runner decides as it hands one over (its solver
+        limit under a budget) is decided with the outcomes so far."""
         ...
 
     def close(self) -> None: ...
@@ -57,25 +61,40 @@ class LocalPoolExecutor:
     name = "local"
 
     def __init__(self, workers: int) -> None:
-        method = "fork" if sys.platform.startswith("linux") else "spawn"
+        self.workers = workers
         self.cores_per_task = max(1, (os.cpu_count() or 1) // workers)
-        self.pool = ProcessPoolExecutor(
-            max_workers=workers, mp_context=multiprocessing.get_context(method), initializer=warm_up_worker
+        self.pool = self._start()
+
+    def _start(self) -> ProcessPoolExecutor:
+        method = "fork" if sys.platform.startswith("linux") else "spawn"
+        pool = ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context(method),
+            initializer=warm_up_worker,
         )
-        self.pool.submit(int)  # start the workers now: they warm up while the first configuration is captured
+        pool.submit(int)  # start the workers now: they warm up while the first configuration is captured
+        return pool
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
-        ids: dict[Future, str] = {
-            self.pool.submit(plan_candidate, task, graph): task.candidate_id for task, graph in work
-        }
-        pending = set(ids)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        tasks = iter(work)
+        pending: dict[Future, str] = {}
+        while True:
+            for task, graph in islice(tasks, self.workers + 1 - len(pending)):
+                pending[self.pool.submit(plan_candidate, task, graph)] = task.candidate_id
+            if not pending:
+                return
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            broken = False
             for future in done:
+                candidate_id = pending.pop(future)
                 try:
                     yield future.result()
                 except Exception as error:  # the worker process died (killed, out of memory)
-                    yield lost(ids[future], error)
+                    broken = broken or isinstance(error, BrokenProcessPool)
+                    yield lost(candidate_id, error)
+            if broken:  # the tasks it still held fail with it (reported as they come); the rest: a new pool
+                self.pool.shutdown(wait=False)
+                self.pool = self._start()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -99,16 +118,21 @@ class RayExecutor:
 
     def run(self, work: Work) -> Iterator[dict[str, Any]]:
         ray = self.ray
+        tasks = iter(work)
+        slots = max(1, int(ray.cluster_resources().get("CPU", 1)) // self.cores_per_task) + 1
         shared: dict[int, Any] = {}
-        pending, ids = [], {}
-        for task, graph in work:
-            ref = shared.get(id(graph))
-            if ref is None:
-                ref = shared[id(graph)] = ray.put(graph)
-            answer = self.remote.remote(task, ref)
-            pending.append(answer)
-            ids[answer] = task.candidate_id
-        while pending:
+        pending: list[Any] = []
+        ids: dict[Any, str] = {}
+        while True:
+            for task, graph in islice(tasks, slots - len(pending)):
+                ref = shared.get(id(graph))
+                if ref is None:
+                    ref = shared[id(graph)] = ray.put(graph)
+                answer = self.remote.remote(task, ref)
+                pending.append(answer)
+                ids[answer] = task.candidate_id
+            if not pending:
+                return
             done, pending = ray.wait(pending, num_returns=1)
             try:
                 yield from ray.get(done)

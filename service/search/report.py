@@ -95,6 +95,16 @@ def _pareto(results: dict[str, Any]) -> list[str]:
     return [str(p) for p in pareto] if isinstance(pareto, list) else []
 
 
+def _time_limits(request: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
+    """The solver's limit per plan: as asked, or under a budget the range given (set as each started)."""
+    given = sorted(limit for c in candidates if (limit := number(c.get("time_limit_s"))) is not None)
+    asked = seconds_text(request.get("time_limit_s"))
+    if not request.get("budget_s") or not given:
+        return asked
+    spread = seconds_text(given[0]) if given[0] == given[-1] else f"{given[0]:.3g}-{given[-1]:.3g} s"
+    return f"{spread} from the budget (at most {asked})"
+
+
 def _header(results: dict[str, Any], request: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
     statuses = [c.get("status") for c in candidates]
     planned = sum(status in PLANNED for status in statuses)
@@ -112,7 +122,7 @@ def _header(results: dict[str, Any], request: dict[str, Any], candidates: list[d
         ("failed", statuses.count("failed")),
         ("wall time", seconds_text(results.get("wall_s"))),
         ("executor", f"{request.get('executor', DASH)} x {request.get('workers', DASH)}"),
-        ("time limit per plan", seconds_text(request.get("time_limit_s"))),
+        ("time limit per plan", _time_limits(request, candidates)),
         ("budget", seconds_text(request.get("budget_s")) if request.get("budget_s") else "none"),
     ]
     cells = "".join(f'<div class="fact"><span>{esc(k)}</span><b>{esc(v)}</b></div>' for k, v in facts)

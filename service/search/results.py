@@ -24,7 +24,8 @@ CSV_COLUMNS = (
     "id", "mesh", "axis_names", "batch", "seq", "status", "rank", "step_time_s", "compute_s", "comm_s",
     "exposed_comm_s", "contention_s", "load_s", "recompute_s", "recomputed", "samples_per_s", "tokens_per_s",
     "peak_memory_bytes", "memory_budget_bytes",
-    "min_peak_bytes", "certificate_status", "bound_s", "gap", "backend", "plan_file", "error", "seconds",
+    "min_peak_bytes", "certificate_status", "bound_s", "gap", "backend", "plan_file", "error", "time_limit_s",
+    "seconds",
 )  # fmt: skip
 
 
@@ -53,6 +54,7 @@ def candidate_row(
         "certificate": None,
         "plan_file": plan_file,
         "error": outcome.get("error"),
+        "time_limit_s": outcome.get("time_limit_s"),
         "seconds": round(float(outcome.get("seconds", 0.0)), 3),
     }
     if plan is None:

@@ -9,12 +9,14 @@ planned before, by the service or an earlier search, are read back instead of pl
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from service.access import ANONYMOUS
+from service.search.budget import BudgetShares
 from service.search.cache import SearchPlanCache
 from service.search.candidates import Candidate, make_candidates
 from service.search.executors import Executor, make_executor
@@ -51,19 +53,21 @@ def run_search(
     executor: Executor | None = None,
     say: Callable[[str], None] | None = None,
     cache_reader: str = ANONYMOUS,
+    budget_from: float | None = None,
 ) -> dict[str, Any]:
     """Plan every candidate of ``request``; the results document (and, with ``out``, its files). With
-    ``cache_url``, plans are shared with the service's database as ``cache_reader``'s."""
+    ``cache_url``, plans are shared with the service's database as ``cache_reader``'s. A budget counts from
+    ``budget_from`` (a ``time.perf_counter()`` reading: the command's start), else from now; each candidate's
+    solver limit is set as it starts (:mod:`service.search.budget`)."""
     started = time.perf_counter()
     listener = listener or QuietListener()
     say = say or (lambda message: None)
     candidates = search_candidates(request)
-    asked = request.time_limit_s
-    request = request.within_budget(len(candidates))
-    if request.time_limit_s < asked:
+    nominal = request.within_budget(len(candidates))
+    if nominal.time_limit_s < request.time_limit_s:
         say(
-            f"budget {request.budget_s:g} s: {request.time_limit_s:g} s of solver time for each of "
-            f"{len(candidates)} candidates on {request.workers} workers"
+            f"budget {request.budget_s:g} s over {len(candidates)} candidates on {request.workers} workers: "
+            f"each solver's limit set as it starts from the time left (about {nominal.time_limit_s:g} s)"
         )
     budget = memory_budget_bytes(request)
     cache = SearchPlanCache(cache_url, cache_reader) if cache_url else None
@@ -79,13 +83,18 @@ def run_search(
         listener.finished(row)
 
     try:
-        keys = {c.id: cache.key(request, c) for c in candidates} if cache else {}
+        # looked up at the budget's even share: a plan stored by an earlier search under the same request
+        keys = {c.id: cache.key(nominal, c) for c in candidates} if cache else {}
         cached = {c.id: plan for c in candidates if cache and (plan := cache.get(keys[c.id])) is not None}
         listener.started(len(candidates), len(cached))
         for candidate in candidates:
             if candidate.id in cached:
                 plan = cached[candidate.id]
-                record(candidate, {"status": plan["solver"]["status"], "plan": plan, "seconds": 0.0})
+                limit = plan.get("request", {}).get("time_limit")
+                record(
+                    candidate,
+                    {"status": plan["solver"]["status"], "plan": plan, "seconds": 0.0, "time_limit_s": limit},
+                )
         by_id = {c.id: c for c in candidates}
 
         def capture_failed(candidate: Candidate, reason: str) -> None:
@@ -95,13 +104,23 @@ def run_search(
         if todo and executor is None:
             executor = make_executor(request.executor, min(request.workers, len(todo)))
         threads = executor.cores_per_task if executor is not None else 1
-        work = _work(request, todo, capture_failed, say, threads)
+        shares = None
+        if request.budget_s is not None:
+            shares = BudgetShares(
+                request.budget_s, len(todo), request.workers, request.time_limit_s, budget_from or started
+            )
+        limits: dict[str, float] = {}
+        work = _work(request, todo, capture_failed, say, threads, shares, limits)
         try:
             for outcome in executor.run(work) if executor is not None else ():
                 candidate = by_id[outcome["id"]]
+                limit = outcome["time_limit_s"] = limits.get(candidate.id, request.time_limit_s)
                 record(candidate, outcome)
+                if shares is not None:
+                    shares.finished(limit, outcome["seconds"])
                 if cache is not None and outcome.get("plan") is not None:
-                    cache.put(keys[candidate.id], outcome["plan"], outcome["seconds"])
+                    given = dataclasses.replace(request, time_limit_s=limit)
+                    cache.put(cache.key(given, candidate), outcome["plan"], outcome["seconds"])
         finally:
             if executor is not None:
                 executor.close()
@@ -122,11 +141,15 @@ def _work(
     capture_failed: Callable[[Candidate, str], None],
     say: Callable[[str], None],
     threads: int,
+    shares: BudgetShares | None,
+    limits: dict[str, float],
 ) -> Iterator[tuple[CandidateTask, dict[str, Any]]]:
     """Each candidate with the graph document of its configuration, captured once per batch: a batch's
-    candidates are handed over as soon as it is captured (workers plan them while the next batch is
-    captured), the meshes of more axes first (they take longest: the pool ends more evenly). The candidates
-    of a configuration that cannot be captured go to ``capture_failed`` with the reason."""
+    candidates are handed over as the executor asks for them (it keeps its workers busy and one task queued:
+    the next batch is captured while they plan), the meshes of more axes first (they take longest: the pool
+    ends more evenly). Under a budget each task's solver limit is set as it is handed over (``shares``) and
+    kept in ``limits``. The candidates of a configuration that cannot be captured go to ``capture_failed``
+    with the reason."""
     from strategies.graph.export import graph_digest
     from strategies.plan.planner import export_request_graph
 
@@ -144,7 +167,11 @@ def _work(
             continue
         digest = graph_digest(document)
         for candidate in sorted(group, key=lambda c: -len(c.mesh)):
-            yield CandidateTask(candidate.id, request.plan_request(candidate), digest, threads), document
+            plan_request = request.plan_request(candidate)
+            if shares is not None:
+                plan_request = dataclasses.replace(plan_request, time_limit=shares.next_limit())
+            limits[candidate.id] = plan_request.time_limit
+            yield CandidateTask(candidate.id, plan_request, digest, threads), document
 
 
 def sequence_of(request: SearchRequest) -> int | None:

@@ -131,6 +131,16 @@ def test_header_counts_the_candidates(page: str, search: Search) -> None:
     assert f"<span>candidates</span><b>{len(candidates)}</b>" in page
 
 
+def test_the_time_limit_line_shows_what_a_budget_gave_each_plan() -> None:
+    from service.search.report import _time_limits
+
+    budgeted = {"time_limit_s": 60.0, "budget_s": 60.0}
+    given = [{"time_limit_s": 2.25}, {"time_limit_s": 0.5}, {"time_limit_s": None}]
+    assert _time_limits(budgeted, given) == "0.5-2.25 s from the budget (at most 60 s)"
+    assert _time_limits(budgeted, [{"time_limit_s": 0.5}]) == "500 ms from the budget (at most 60 s)"
+    assert _time_limits({"time_limit_s": 3.0}, [{"time_limit_s": 3.0}]) == "3 s"
+
+
 def test_winner_summary_shows_its_plan(page: str, search: Search) -> None:
     results, folder = search
     best = winner(results)

@@ -11,18 +11,21 @@ from typing import Any
 
 import pytest
 
-from service.search.request import SearchRequest
+from service.search.budget import FIRST_EXTRA_SHARE, RESULTS_RESERVE_S, BudgetShares
+from service.search.executors import LocalPoolExecutor
+from service.search.request import MIN_CANDIDATE_LIMIT_S, SearchRequest
 from service.search.runner import run_search, search_candidates
+from service.search.task import FAILED, CandidateTask
 from solver.errors import InfeasibleError
 from strategies.plan import planner
-from strategies.plan.planner import plan_model
+from strategies.plan.planner import PlanRequest, plan_model
 from tests.service.search.conftest import gpt_search, mlp_search
 
 ROW_FIELDS = {
     "id", "mesh", "axis_names", "batch", "seq", "status", "rank", "step_time_s", "compute_s", "comm_s",
     "exposed_comm_s", "contention_s", "load_s", "recompute_s", "recomputed", "samples_per_s", "tokens_per_s",
     "peak_memory_bytes", "memory_budget_bytes",
-    "min_peak_bytes", "certificate", "plan_file", "error", "seconds",
+    "min_peak_bytes", "certificate", "plan_file", "error", "time_limit_s", "seconds",
 }  # fmt: skip
 
 
@@ -166,11 +169,18 @@ def test_a_worker_process_that_dies_is_reported_and_the_search_still_answers(
         return real(request, graph, repeat, progress, **options)
 
     monkeypatch.setattr(planner, "plan_captured", dies_on_2x2x2)
-    results = run_search(mlp_search(batch_sizes=[64], workers=2), tmp_path)
+    # one worker: 2x2x2 (the first, most axes first) runs, 2x4 waits queued behind it, 4x2 and 8 wait here
+    results = run_search(mlp_search(batch_sizes=[64], workers=1), tmp_path, executor=LocalPoolExecutor(1))
     assert len(results["candidates"]) == 4
     by_mesh = {tuple(row["mesh"]): row for row in results["candidates"]}
     assert by_mesh[(2, 2, 2)]["status"] == "failed"
     assert by_mesh[(2, 2, 2)]["error"].startswith("worker lost: BrokenProcessPool")
+    # the task queued in the dead pool is lost with it; the rest go to a new pool and are planned
+    assert by_mesh[(2, 4)]["status"] == "failed"
+    assert by_mesh[(4, 2)]["status"] in ("optimal", "feasible") and by_mesh[(8,)]["status"] in (
+        "optimal",
+        "feasible",
+    )
     assert json.loads((tmp_path / "results.json").read_text())["candidates"]
 
 
@@ -179,7 +189,7 @@ def test_each_candidate_solves_on_its_executors_share_of_the_cores(
 ) -> None:
     """Two workers on two cores: each candidate's solver gets one (two threads each would fork a second
     heuristic per solve onto the core the other worker needs)."""
-    from service.search.executors import InlineExecutor, LocalPoolExecutor
+    from service.search.executors import InlineExecutor
 
     real = planner.plan_captured
     threads_seen: list[int] = []
@@ -200,7 +210,7 @@ def test_each_candidate_solves_on_its_executors_share_of_the_cores(
         pool.close()
 
 
-def test_a_budget_gives_each_candidate_its_share_of_the_solver_time() -> None:
+def test_a_budgets_even_share_is_what_plans_are_looked_up_at() -> None:
     request = SearchRequest(model="llama3-8b", devices=64, batch_sizes=[16, 32, 64], workers=2, budget_s=60.0)
     assert len(search_candidates(request)) == 48
     assert request.within_budget(48).time_limit_s == pytest.approx(0.8 * 60 * 2 / 48)  # 2 s each
@@ -213,7 +223,7 @@ def test_a_budget_gives_each_candidate_its_share_of_the_solver_time() -> None:
         SearchRequest(model="mlp", devices=8, budget_s=0.0)
 
 
-def test_candidates_are_planned_cached_and_recorded_with_the_budgets_limit(
+def test_candidates_are_planned_and_recorded_with_the_limit_each_was_given_from_the_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real = planner.plan_captured
@@ -225,10 +235,59 @@ def test_candidates_are_planned_cached_and_recorded_with_the_budgets_limit(
 
     monkeypatch.setattr(planner, "plan_captured", records_limit)
     request = mlp_search(batch_sizes=[64], workers=1, budget_s=5.0, time_limit_s=30.0)
+    candidates = len(search_candidates(request))
     results = run_search(request, tmp_path)
-    share = 0.8 * 5.0 * 1 / len(search_candidates(request))
-    assert limits and all(limit == pytest.approx(share) for limit in limits)
-    assert results["request"]["time_limit_s"] == pytest.approx(share)
-    assert results["request"]["budget_s"] == 5.0
-    plan = json.loads((tmp_path / results["candidates"][0]["plan_file"]).read_text())
-    assert plan["request"]["time_limit"] == pytest.approx(share)
+    # the first candidate's share of the budget (less the results' reserve and the capture before it), then
+    # what is left as each starts: more once others ended early (an MLP's plans take a fraction of a second)
+    assert len(limits) == candidates
+    assert MIN_CANDIDATE_LIMIT_S <= limits[0] < 5.0 / candidates < limits[-1] < 5.0
+    assert results["request"]["time_limit_s"] == 30.0 and results["request"]["budget_s"] == 5.0
+    for row in results["candidates"]:
+        plan = json.loads((tmp_path / row["plan_file"]).read_text())
+        assert plan["request"]["time_limit"] == row["time_limit_s"]
+    assert sorted(row["time_limit_s"] for row in results["candidates"]) == sorted(limits)
+    assert results["wall_s"] < 5.0
+
+
+def test_each_candidates_limit_is_its_share_of_the_time_left_when_it_starts() -> None:
+    shares = BudgetShares(budget_s=60.0, candidates=48, workers=2, ceiling_s=60.0, started=0.0)
+    left = 60.0 - RESULTS_RESERVE_S
+    # 1.0 s in (the capture): 2 x 57.5 / 48 less a fifth of it for what a candidate costs beyond its limit
+    first = shares.next_limit(now=1.0)
+    assert first == pytest.approx(round((1 - FIRST_EXTRA_SHARE) * 2 * (left - 1.0) / 48, 2))
+    second = shares.next_limit(now=1.0)  # the first counts as half done: the share is 2 x 57.5 / 47.5
+    assert second == pytest.approx(round((1 - FIRST_EXTRA_SHARE) * 2 * (left - 1.0) / 47.5, 2))
+    # the first ended early (0.5 s past its start, under its limit): nothing beyond limits seen so far
+    shares.finished(first, 0.5)
+    assert shares.next_limit(now=1.5) == pytest.approx(round(2 * (left - 1.5) / (46 + 0.5), 2))
+    # one ran 2 s past its limit: the mean overrun (1 s) comes off every later share
+    shares.finished(second, second + 2.0)
+    assert shares.next_limit(now=4.0) == pytest.approx(round(2 * (left - 4.0) / (45 + 0.5) - 1.0, 2))
+    # past the deadline: the least limit; never above the ceiling
+    assert shares.next_limit(now=100.0) == MIN_CANDIDATE_LIMIT_S
+    roomy = BudgetShares(budget_s=600.0, candidates=2, workers=2, ceiling_s=3.0, started=0.0)
+    assert roomy.next_limit(now=0.0) == 3.0
+
+
+def test_the_pool_takes_tasks_as_its_workers_free_up() -> None:
+    # all running and one queued: the runner sets each task's limit with the outcomes before it in hand
+    pulled: list[int] = []
+    seen_before_pull: list[int] = []
+    outcomes: list[dict[str, Any]] = []
+
+    def work():
+        for k in range(6):
+            pulled.append(k)
+            seen_before_pull.append(len(outcomes))
+            request = PlanRequest(model="mlp", mesh="2", batch=8)
+            yield CandidateTask(f"c{k:02d}", request, "no-such-graph", 1), {}
+
+    pool = LocalPoolExecutor(2)
+    try:
+        for outcome in pool.run(work()):
+            outcomes.append(outcome)
+    finally:
+        pool.close()
+    assert len(outcomes) == 6 and all(o["status"] == FAILED for o in outcomes)
+    assert seen_before_pull[:3] == [0, 0, 0]  # two running, one queued
+    assert all(seen >= k - 2 for k, seen in enumerate(seen_before_pull))
