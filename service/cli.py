@@ -443,6 +443,9 @@ def search_command(
     ] = None,
     top: Annotated[int, typer.Option(help="rows of the ranking table", min=1)] = 10,
     recompute: RecomputeOption = "auto",
+    prune: Annotated[
+        bool, typer.Option(help="stop a candidate once its bound proves it cannot beat the best so far")
+    ] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:
     """Plan every mesh of N devices (1, 2 or 3 axes) times the batch sizes; rank them by throughput.
@@ -454,6 +457,7 @@ def search_command(
     from rich.console import Console
 
     from service.search.display import SearchProgress, ranking_table, status_counts
+    from service.search.pruning import proof_text
     from service.search.report_page import write_report
     from service.search.request import SearchRequest
     from service.search.runner import run_search
@@ -478,6 +482,7 @@ def search_command(
             layers=layers,
             options=json.loads(options) if options else {},
             recompute=recompute,
+            prune=prune,
         )
     except (ValueError, json.JSONDecodeError) as error:
         _fail(str(error), EXIT_BAD_INPUT)
@@ -495,6 +500,7 @@ def search_command(
     report = write_report(results, out)
     Console(width=None if sys.stdout.isatty() else 160).print(ranking_table(results, top))
     counts = ", ".join(f"{n} {status}" for status, n in status_counts(results).items())
+    typer.echo(proof_text(results.get("proof")))
     typer.echo(f"{counts}; results in {out / 'results.json'}" + (f", report {report}" if report else ""))
 
 

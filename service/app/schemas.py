@@ -236,6 +236,9 @@ class SearchSubmission(Strict):
     recompute: Literal["auto", "none", "selective", "full"] = Field(
         "auto", description="activation recomputation: the program chooses (auto), or a fixed policy"
     )
+    prune: bool = Field(
+        True, description="stop a candidate once its bound proves it cannot beat the best so far"
+    )
 
 
 class SearchProgress(BaseModel):
@@ -243,6 +246,7 @@ class SearchProgress(BaseModel):
     total: int = 0
     planned: int = 0
     infeasible: int = 0
+    pruned: int = 0
     failed: int = 0
     best: dict[str, Any] | None = Field(None, description="the fastest candidate so far")
     elapsed_s: float | None = None

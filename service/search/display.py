@@ -1,5 +1,5 @@
-"""What ``autoshard search`` shows: the candidate count, a progress bar with done / infeasible / failed
-counts and the best so far (rich, on stderr), and the ranking table at the end."""
+"""What ``autoshard search`` shows: the candidate count, a progress bar with done / infeasible / pruned /
+failed counts and the best so far (rich, on stderr), and the ranking table at the end."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from service.search.results import has_plan
-from service.search.task import FAILED, INFEASIBLE
+from service.search.task import FAILED, INFEASIBLE, PRUNED
 
 
 class SearchProgress:
@@ -29,7 +29,7 @@ class SearchProgress:
             transient=False,
         )
         self.task: Any = None
-        self.counts = {"planned": 0, INFEASIBLE: 0, FAILED: 0}
+        self.counts = {"planned": 0, INFEASIBLE: 0, PRUNED: 0, FAILED: 0}
         self.best: dict[str, Any] | None = None
 
     def started(self, total: int, reused: int) -> None:
@@ -53,7 +53,9 @@ class SearchProgress:
 
     def _counts(self) -> str:
         c = self.counts
-        return f"planned {c['planned']} · infeasible {c[INFEASIBLE]} · failed {c[FAILED]}"
+        return " · ".join(f"{name} {c[key]}" for name, key in (
+            ("planned", "planned"), ("infeasible", INFEASIBLE), ("pruned", PRUNED), ("failed", FAILED)
+        ))  # fmt: skip
 
 
 def candidate_label(row: dict[str, Any]) -> str:

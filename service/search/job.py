@@ -14,7 +14,7 @@ from service.search.executors import InlineExecutor, RayExecutor
 from service.search.report_page import write_report
 from service.search.request import SearchRequest
 from service.search.results import has_plan
-from service.search.task import FAILED, INFEASIBLE
+from service.search.task import FAILED, INFEASIBLE, PRUNED
 
 SEARCH_PHASE = "search"
 
@@ -47,6 +47,7 @@ def search_request(body: dict[str, Any]) -> SearchRequest:
         options=dict(body["options"]),
         captured_layers=body["captured_layers"] or None,
         recompute=body.get("recompute", "auto"),
+        prune=body.get("prune", True),
     )
 
 
@@ -71,13 +72,14 @@ def run_search_job(
 
 class JobProgress:
     """The runner's events as the job's progress: ``{"phase": "search", "done", "total", "planned",
-    "infeasible", "failed", "best", "elapsed_s"}`` (``best``: the fastest candidate so far, or null)."""
+    "infeasible", "pruned", "failed", "best", "elapsed_s"}`` (``best``: the fastest candidate so far, or
+    null)."""
 
     def __init__(self, report: Callable[[dict[str, Any]], None] | None) -> None:
         self.report = report
         self.started_at = time.perf_counter()
         self.record: dict[str, Any] = {"phase": SEARCH_PHASE, "done": 0, "total": 0, "planned": 0,
-                                       INFEASIBLE: 0, FAILED: 0, "best": None}  # fmt: skip
+                                       INFEASIBLE: 0, PRUNED: 0, FAILED: 0, "best": None}  # fmt: skip
 
     def started(self, total: int, reused: int) -> None:
         self.record.update(total=total, reused=reused)
@@ -102,7 +104,7 @@ class JobProgress:
                         "tokens_per_s",
                     )
                 }
-        elif row["status"] in (INFEASIBLE, FAILED):
+        elif row["status"] in (INFEASIBLE, PRUNED, FAILED):
             record[row["status"]] += 1
         self._send()
 

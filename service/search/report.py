@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from service.search.pruning import proof_text, top_row_proof
 from service.search.report_assets import CSS, SORT_SCRIPT
 from service.search.report_format import (
     DASH,
@@ -124,6 +125,8 @@ def _header(results: dict[str, Any], request: dict[str, Any], candidates: list[d
         ("executor", f"{request.get('executor', DASH)} x {request.get('workers', DASH)}"),
         ("time limit per plan", _time_limits(request, candidates)),
         ("budget", seconds_text(request.get("budget_s")) if request.get("budget_s") else "none"),
+        ("pruned", statuses.count("pruned")),
+        ("the top row", proof_text(results["proof"] if "proof" in results else top_row_proof(candidates))),
     ]
     cells = "".join(f'<div class="fact"><span>{esc(k)}</span><b>{esc(v)}</b></div>' for k, v in facts)
     model = esc(request.get("model", DASH))

@@ -100,7 +100,8 @@ def _row(candidate: dict[str, Any], unit: str) -> str:
 
 
 def _figures(candidate: dict[str, Any], status: str, unit: str, certificate: dict[str, Any]) -> list[str]:
-    """The step time, throughput, memory and gap cells; for a failed candidate, its error across them."""
+    """The step time, throughput, memory and gap cells; for a pruned candidate its bound, for a failed one
+    its error across them."""
     if status in PLANNED:
         return [
             f'<td class="num">{esc(seconds_text(candidate.get("step_time_s")))}</td>',
@@ -120,6 +121,10 @@ def _figures(candidate: dict[str, Any], status: str, unit: str, certificate: dic
             f'<td class="over">{esc(text)}</td>',
             f'<td class="num">{DASH}</td>',
         ]
+    if status == "pruned":
+        bound = seconds_text(certificate.get("bound_s"))
+        text = f"pruned: its bound, {bound} per step, proves no plan of it beats the best per token"
+        return [f'<td colspan="4">{esc(text)}</td>']
     error = candidate.get("error") or "no reason given"
     return [f'<td colspan="4" class="error">{esc(error)}</td>']
 

@@ -57,6 +57,9 @@ class SearchRequest:
     captured_layers: int | None = 4
     recompute: str = "auto"
     """Activation recomputation for every candidate (:mod:`strategies.problem.recompute`)."""
+    prune: bool = True
+    """Stop a candidate once its solve proves it cannot beat the best so far (:mod:`service.search.pruning`);
+    False plans every candidate to the end (each row then has its own plan and figures)."""
 
     def __post_init__(self) -> None:
         if self.devices < 1:

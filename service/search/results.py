@@ -24,8 +24,8 @@ CSV_COLUMNS = (
     "id", "mesh", "axis_names", "batch", "seq", "status", "rank", "step_time_s", "compute_s", "comm_s",
     "exposed_comm_s", "contention_s", "load_s", "recompute_s", "recomputed", "samples_per_s", "tokens_per_s",
     "peak_memory_bytes", "memory_budget_bytes",
-    "min_peak_bytes", "certificate_status", "bound_s", "gap", "backend", "plan_file", "error", "time_limit_s",
-    "seconds",
+    "min_peak_bytes", "certificate_status", "objective_s", "bound_s", "gap", "backend", "plan_file", "error",
+    "time_limit_s", "seconds",
 )  # fmt: skip
 
 
@@ -57,6 +57,14 @@ def candidate_row(
         "time_limit_s": outcome.get("time_limit_s"),
         "seconds": round(float(outcome.get("seconds", 0.0)), 3),
     }
+    if outcome.get("bound_s") is not None:  # pruned: no plan, the bound that proves it could not win
+        row["certificate"] = {
+            "status": outcome["status"],
+            "objective_s": None,
+            "bound_s": outcome["bound_s"],
+            "gap": None,
+            "backend": None,
+        }
     if plan is None:
         return row
     predicted, solver = plan["predicted"], plan["solver"]
@@ -75,6 +83,7 @@ def candidate_row(
         peak_memory_bytes=predicted["peak_memory_bytes"],
         certificate={
             "status": solver["status"],
+            "objective_s": solver["objective"],
             "bound_s": solver["bound"],
             "gap": solver["gap"],
             "backend": solver["backend"],
@@ -147,6 +156,7 @@ def csv_row(row: dict[str, Any]) -> dict[str, Any]:
     flat["axis_names"] = ",".join(row["axis_names"])
     flat.update(
         certificate_status=certificate.get("status"),
+        objective_s=certificate.get("objective_s"),
         bound_s=certificate.get("bound_s"),
         gap=certificate.get("gap"),
         backend=certificate.get("backend"),

@@ -20,6 +20,7 @@ from service.search.budget import BudgetShares
 from service.search.cache import SearchPlanCache
 from service.search.candidates import Candidate, make_candidates
 from service.search.executors import Executor, make_executor
+from service.search.pruning import BestSoFar, top_row_proof
 from service.search.request import SearchRequest
 from service.search.results import candidate_row, results_document, write_results
 from service.search.task import FAILED, CandidateTask
@@ -73,6 +74,7 @@ def run_search(
     cache = SearchPlanCache(cache_url, cache_reader) if cache_url else None
     rows: list[dict[str, Any]] = []
     plans: dict[str, dict[str, Any]] = {}
+    best = BestSoFar(margin=request.gap) if request.prune else None
 
     def record(candidate: Candidate, outcome: dict[str, Any]) -> None:
         plan = outcome.get("plan")
@@ -80,6 +82,8 @@ def run_search(
             plans[candidate.id] = plan
         row = candidate_row(candidate, outcome, budget, f"plans/{candidate.id}.json" if plan else None)
         rows.append(row)
+        if best is not None:
+            best.seen(row)
         listener.finished(row)
 
     try:
@@ -110,7 +114,7 @@ def run_search(
                 request.budget_s, len(todo), request.workers, request.time_limit_s, budget_from or started
             )
         limits: dict[str, float] = {}
-        work = _work(request, todo, capture_failed, say, threads, shares, limits)
+        work = _work(request, todo, capture_failed, say, threads, shares, limits, best)
         try:
             for outcome in executor.run(work) if executor is not None else ():
                 candidate = by_id[outcome["id"]]
@@ -130,6 +134,7 @@ def run_search(
     order = {c.id: i for i, c in enumerate(candidates)}
     rows.sort(key=lambda row: order[row["id"]])
     results = results_document(request.record(), rows, time.perf_counter() - started)
+    results["proof"] = top_row_proof(results["candidates"])
     if out is not None:
         write_results(out, results, plans)
     return results
@@ -143,13 +148,14 @@ def _work(
     threads: int,
     shares: BudgetShares | None,
     limits: dict[str, float],
+    best: BestSoFar | None,
 ) -> Iterator[tuple[CandidateTask, dict[str, Any]]]:
     """Each candidate with the graph document of its configuration, captured once per batch: a batch's
     candidates are handed over as the executor asks for them (it keeps its workers busy and one task queued:
     the next batch is captured while they plan), the meshes of more axes first (they take longest: the pool
     ends more evenly). Under a budget each task's solver limit is set as it is handed over (``shares``) and
-    kept in ``limits``. The candidates of a configuration that cannot be captured go to ``capture_failed``
-    with the reason."""
+    kept in ``limits``; with ``best``, so is its cutoff (:mod:`service.search.pruning`). The candidates of a
+    configuration that cannot be captured go to ``capture_failed`` with the reason."""
     from strategies.graph.export import graph_digest
     from strategies.plan.planner import export_request_graph
 
@@ -170,6 +176,8 @@ def _work(
             plan_request = request.plan_request(candidate)
             if shares is not None:
                 plan_request = dataclasses.replace(plan_request, time_limit=shares.next_limit())
+            if best is not None:
+                plan_request = dataclasses.replace(plan_request, cutoff_s=best.cutoff(candidate))
             limits[candidate.id] = plan_request.time_limit
             yield CandidateTask(candidate.id, plan_request, digest, threads), document
 

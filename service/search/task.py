@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from strategies.graph.imported import ImportedGraph
     from strategies.plan.planner import PlanRequest
 
-OPTIMAL, FEASIBLE, INFEASIBLE, FAILED = "optimal", "feasible", "infeasible", "failed"
-STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, FAILED)
+OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED = "optimal", "feasible", "infeasible", "pruned", "failed"
+STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED)
 
 _loaded: dict[str, ImportedGraph] = {}
 """Graph documents this process has read, by digest: each is read once however many meshes use it."""
@@ -34,10 +34,11 @@ class CandidateTask:
 
 def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]:
     """Plan one candidate from ``graph`` (its configuration's document): ``{"id", "status", "plan",
-    "min_peak_bytes", "error", "seconds"}``. A budget no plan fits is ``infeasible`` with the smallest peak
-    any plan reaches; any other error is ``failed`` with its reason. Never raises."""
+    "min_peak_bytes", "bound_s", "error", "seconds"}``. A budget no plan fits is ``infeasible`` with the
+    smallest peak any plan reaches; a request whose cutoff no plan beats is ``pruned`` with the bound that
+    proves it; any other error is ``failed`` with its reason. Never raises."""
     from solver.errors import InfeasibleError
-    from strategies.plan.planner import plan_captured
+    from strategies.plan.planner import PrunedError, plan_captured
 
     started = time.perf_counter()
     outcome: dict[str, Any] = {"id": task.candidate_id, "plan": None, "min_peak_bytes": None, "error": None}
@@ -47,6 +48,8 @@ def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]
         outcome.update(status=plan["solver"]["status"], plan=plan)
     except InfeasibleError as error:
         outcome.update(status=INFEASIBLE, min_peak_bytes=error.min_peak, error=str(error))
+    except PrunedError as error:
+        outcome.update(status=PRUNED, bound_s=error.bound_s, error=str(error))
     except Exception as error:  # reported with the candidate: the search goes on
         from service.planning import public_message
 

@@ -21,7 +21,13 @@ from strategies.cost.mesh import Mesh, make_mesh
 from strategies.graph.passes import capture_for_planning
 from strategies.placement import parse_spec
 from strategies.plan.plan_json import earned_credit, make_plan, predict
-from strategies.problem.builder import BuiltProblem, build_step_problem, first_credit, recredit
+from strategies.problem.builder import (
+    COST_UNIT_S,
+    BuiltProblem,
+    build_step_problem,
+    first_credit,
+    recredit,
+)
 from strategies.problem.layer_repeat import MIN_CAPTURED, LayerRepeat
 from strategies.problem.recompute import AUTO
 from strategies.problem.recompute import NONE as NO_RECOMPUTE
@@ -113,6 +119,22 @@ class PlanRequest:
     """A graph document a launcher exported (``docs/graph-format.md``), planned instead of a model: no model
     code is imported or run. ``model`` is then ``""`` and the shape fields (``batch``, ``seq``, ``layers``,
     ``options``) are unset: the graph fixes them."""
+    cutoff_s: float | None = None
+    """A search's pruning: a plan costing more than this (the program's step seconds) is of no use to the
+    caller; once the solve's bound proves none costs less, planning stops with :class:`PrunedError`."""
+
+
+class PrunedError(RuntimeError):
+    """No plan of the request costs less than its ``cutoff_s``: the solve's bound (``bound_s``, the program's
+    step seconds) proves it."""
+
+    def __init__(self, bound_s: float, cutoff_s: float) -> None:
+        super().__init__(
+            f"pruned: no plan costs less than {1e3 * bound_s:.6g} ms per step (the bound), above the cutoff "
+            f"of {1e3 * cutoff_s:.6g} ms"
+        )
+        self.bound_s = bound_s
+        self.cutoff_s = cutoff_s
 
 
 @dataclass
@@ -200,6 +222,7 @@ def _solve_and_plan(
         if request.recompute != AUTO:
             raise _budget_error(error, request, mesh) from error
         result, problem, failure = None, None, error
+    bound = None if result is None else result.bound  # the least cost of the plans solved for, proven
     limit = built.problem.usage_limit
     peak = None if result is None else result.peak_usage
     binds = peak is None or (limit and peak > AUTO_RECOMPUTE_PEAK_SHARE * limit)
@@ -216,8 +239,10 @@ def _solve_and_plan(
             if result is None:
                 raise _budget_error(error, request, mesh) from error
         else:
+            bound = second.bound  # its program holds the first's plans too (each node may keep its values)
             if result is None or (second.cost is not None and second.cost < result.cost):
                 result, problem, built = second, second_problem, again
+    _check_cutoff(request, bound)
     if result is None:
         raise _budget_error(failure, request, mesh) from failure
     result, problem, built = _recredited(request, built, result, problem, say, threads, phase)
@@ -244,6 +269,14 @@ def _solve_and_plan(
     plan = make_plan(built, result, request=request_record(request), fastest=fastest)
     plan["timings"] = {**timings, "total": time.perf_counter() - started}
     return PlanOutcome(plan, built, result, timings)
+
+
+def _check_cutoff(request: PlanRequest, bound: float | None) -> None:
+    """Stop planning (:class:`PrunedError`) where the bound (the program's, in `COST_UNIT_S`) proves no plan
+    costs less than the request's cutoff: the re-credit and headroom passes are not run for a plan the
+    caller has no use for."""
+    if request.cutoff_s is not None and bound is not None and bound * COST_UNIT_S > request.cutoff_s:
+        raise PrunedError(bound * COST_UNIT_S, request.cutoff_s)
 
 
 def _recredited(
@@ -297,6 +330,7 @@ def _solve_built(
         time_limit=time_limit,
         threads=threads,
         relative_gap=request.gap,
+        cutoff=None if request.cutoff_s is None else request.cutoff_s / COST_UNIT_S,
         progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
     )
     return result, problem

@@ -131,6 +131,15 @@ def test_header_counts_the_candidates(page: str, search: Search) -> None:
     assert f"<span>candidates</span><b>{len(candidates)}</b>" in page
 
 
+def test_header_says_whether_the_top_row_is_proven_best(page: str, search: Search) -> None:
+    from service.search.pruning import proof_text, top_row_proof
+    from service.search.report_format import esc
+
+    proof = top_row_proof(search[0]["candidates"])
+    assert proof is not None and proof["top"] == search[0]["candidates"][0]["id"]
+    assert f"<span>the top row</span><b>{esc(proof_text(proof))}</b>" in page
+
+
 def test_the_time_limit_line_shows_what_a_budget_gave_each_plan() -> None:
     from service.search.report import _time_limits
 

@@ -1,0 +1,101 @@
+"""Pruning: a candidate whose bound proves it cannot beat the best so far stops, reported with that bound; the
+results say whether the top row is proven best."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.search.candidates import Candidate
+from service.search.executors import InlineExecutor
+from service.search.pruning import BestSoFar, proof_text, top_row_proof
+from service.search.runner import run_search, search_candidates
+from strategies.plan.planner import PlanRequest, PrunedError, plan_model
+from tests.service.search.conftest import mlp_search
+
+
+def row(
+    row_id: str, status: str, batch: int, rank: int | None = None, objective: float | None = None,
+    bound: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    certificate = None if bound is None else {"status": status, "objective_s": objective, "bound_s": bound}
+    planned = objective is not None
+    return {"id": row_id, "status": status, "batch": batch, "seq": None, "rank": rank,
+            "certificate": certificate, "samples_per_s": batch / objective if planned else None}  # fmt: skip
+
+
+def test_the_cutoff_is_the_best_cost_per_token_so_far_times_the_candidates_tokens() -> None:
+    best = BestSoFar()
+    candidate = Candidate("c09", (2, 4), ("dp", "tp"), 64, 128)
+    assert best.cutoff(candidate) is None
+    best.seen(row("c00", "optimal", 32, objective=1.0, bound=1.0))  # 1/32 s per sample
+    best.seen(row("c01", "infeasible", 16))
+    best.seen(row("c02", "feasible", 16, objective=0.75, bound=0.7))  # 0.75/16: dearer per sample
+    assert best.cutoff(candidate) == pytest.approx(64 * 128 / 32)
+    near_ties_kept = BestSoFar(margin=0.01, per_token_s=best.per_token_s)
+    assert near_ties_kept.cutoff(candidate) == pytest.approx(1.01 * 64 * 128 / 32)
+
+
+def test_the_top_row_is_proven_best_when_no_other_bound_per_token_is_below_its_cost() -> None:
+    rows = [
+        row("c00", "optimal", 32, rank=1, objective=1.0, bound=1.0),
+        row("c01", "feasible", 16, rank=2, objective=0.6, bound=0.55),  # 0.55/16 > 1/32
+        row("c02", "pruned", 64, bound=2.5),
+        row("c03", "infeasible", 64),
+    ]
+    proof = top_row_proof(rows)
+    assert proof is not None and proof["top"] == "c00" and proof["proven"]
+    assert (proof["below"], proof["unknown"], proof["closest"], proof["shortfall"]) == ([], [], None, 0.0)
+    assert proof_text(proof).startswith("c00 is proven best")
+
+    rows[1]["certificate"]["bound_s"] = 0.45  # 0.45/16 is 10% below 1/32
+    rows.append(row("c04", "failed", 8))
+    proof = top_row_proof(rows)
+    assert proof is not None and not proof["proven"]
+    assert proof["below"] == ["c01"] and proof["unknown"] == ["c04"] and proof["closest"] == "c01"
+    assert proof["shortfall"] == pytest.approx(0.1)
+    assert proof_text(proof) == (
+        "c00 is not proven best: 1 candidates' bounds per token are below its cost, c01's the most, by "
+        "10.00%; 1 failed without a bound"
+    )
+    assert top_row_proof([row("c03", "infeasible", 64)]) is None
+
+
+def test_a_plan_whose_bound_is_above_its_cutoff_is_not_made() -> None:
+    request = PlanRequest(model="mlp", mesh="2x2", batch=256, options={"d": 256, "h": 1024}, gap=0.0)
+    plan = plan_model(request).plan
+    bound = plan["solver"]["bound"]
+    with pytest.raises(PrunedError) as raised:
+        plan_model(dataclasses.replace(request, cutoff_s=0.5 * bound))
+    assert raised.value.bound_s == pytest.approx(bound) and raised.value.cutoff_s == 0.5 * bound
+    # a cutoff above the bound changes nothing
+    again = plan_model(dataclasses.replace(request, cutoff_s=2.0 * bound)).plan
+    assert again["predicted"]["step_time_s"] == plan["predicted"]["step_time_s"]
+    assert again["parameters"] == plan["parameters"]
+
+
+def test_a_pruned_candidate_could_not_have_beaten_the_best(tmp_path: Path) -> None:
+    # one at a time, batch 1024 first: its plans cost less per sample than batch 64's (the gradient reduction
+    # is paid once per step), so the batch-64 candidates planned after them are pruned (and any batch-1024
+    # one whose optimum is above the best before it)
+    request = mlp_search(batch_sizes=[1024, 64], workers=1, prune=True)
+    results = run_search(request, tmp_path, executor=InlineExecutor())
+    rows = {r["id"]: r for r in results["candidates"]}
+    pruned = [r for r in rows.values() if r["status"] == "pruned"]
+    assert sum(r["batch"] == 64 for r in pruned) >= 2
+    ranked = [r for r in rows.values() if r["rank"] is not None]
+    best_per_sample = min(r["certificate"]["objective_s"] / r["batch"] for r in ranked)
+    by_id = {c.id: c for c in search_candidates(request)}
+    for r in pruned:
+        assert r["plan_file"] is None and r["step_time_s"] is None
+        batch = r["batch"]
+        assert r["certificate"]["bound_s"] / batch > best_per_sample
+        alone = plan_model(request.plan_request(by_id[r["id"]])).plan  # planned to the end, no cutoff
+        assert alone["solver"]["objective"] >= r["certificate"]["bound_s"] * (1 - 1e-9)
+        assert alone["solver"]["objective"] / batch > best_per_sample
+    proof = results["proof"]
+    assert proof is not None and proof["top"] == next(r["id"] for r in ranked if r["rank"] == 1)
+    assert not set(proof["below"]) & {r["id"] for r in pruned}  # a pruned row's bound is above the best
