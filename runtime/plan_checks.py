@@ -37,10 +37,17 @@ class NodePlan:
 
 
 def check_plan(plan: Mapping[str, Any], mesh_shape: Sequence[int] | None = None) -> None:
-    """Refuse a plan this runtime cannot apply: an unknown version, another mesh shape than ``mesh_shape``."""
+    """Refuse a plan this runtime cannot apply: an unknown version, a pipeline, another mesh shape than
+    ``mesh_shape``."""
     version = plan.get("version")
     if version != PLAN_VERSION:
         raise PlanMismatch(f"plan: version {version!r} is not one this runtime knows ({PLAN_VERSION})")
+    pipeline = plan.get("pipeline")
+    if pipeline:
+        raise PlanMismatch(
+            f"pipeline: the plan cuts the model into {len(pipeline.get('stages', []))} stages along "
+            f"{pipeline.get('axis')!r}; this runtime does not run pipeline stages yet"
+        )
     planned = tuple(plan.get("mesh", {}).get("shape", ()))
     if mesh_shape is not None and planned != tuple(mesh_shape):
         raise PlanMismatch(f"mesh: the plan is for a mesh of shape {list(planned)}, not {list(mesh_shape)}")

@@ -195,6 +195,13 @@ def plan_command(
         typer.Option(help="plan a hand-written layout instead: ddp, fsdp, hsdp, megatron or fsdp_tp"),
     ] = None,
     recompute: RecomputeOption = "auto",
+    microbatches: Annotated[
+        int | None,
+        typer.Option(help="a pipeline (axis pp first): micro-batches per step (default: chosen)", min=1),
+    ] = None,
+    schedule: Annotated[
+        str | None, typer.Option(help="a pipeline's schedule: 1f1b or gpipe (default: chosen)")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:
     """Plan a model on a mesh: capture one training step, solve the whole-graph program, write the plan.
@@ -226,6 +233,8 @@ def plan_command(
         captured_layers=captured_layers or None,
         baseline=baseline,
         recompute=recompute,
+        microbatches=microbatches,
+        schedule=schedule,
     )
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
     try:

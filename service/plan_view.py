@@ -17,6 +17,7 @@ def summary(plan: dict[str, Any]) -> str:
     lines += _parameter_lines(plan["parameters"])
     lines += ["", f"inputs: {', '.join(_spec(s) for s in plan['inputs'])}", ""]
     lines += _time_lines(plan["predicted"])
+    lines += _pipeline_lines(plan)
     lines += _recompute_lines(plan)
     lines += ["", _memory_line(plan), _certificate_line(plan["solver"])]
     for warning in plan.get("warnings", []):
@@ -88,6 +89,32 @@ def _time_lines(predicted: dict[str, Any]) -> list[str]:
     collectives = predicted.get("collectives") or {}
     if collectives:
         lines.append("collectives: " + ", ".join(f"{n} x{c}" for n, c in sorted(collectives.items())))
+    return lines
+
+
+def _pipeline_lines(plan: dict[str, Any]) -> list[str]:
+    """A pipeline's stages (layers, ranks, bubble, peak), its schedule and its micro-batches."""
+    pipeline = plan.get("pipeline")
+    if not pipeline:
+        return []
+    stages = pipeline["stages"]
+    step = plan["predicted"]["step_time_s"]
+    bubble = plan["predicted"].get("bubble_s", 0.0)
+    lines = [
+        f"pipeline: {len(stages)} stages along {pipeline['axis']}, {pipeline['schedule']}, "
+        f"{pipeline['microbatches']} micro-batches of {pipeline['microbatch_size']}; bubble {_ms(bubble)} "
+        f"({100 * bubble / step:.1f}% of the step) on the most idle stage, "
+        f"{bytes_text(pipeline['send_bytes'])} sent between stages per step"
+        if step
+        else f"pipeline: {len(stages)} stages"
+    ]
+    for k, stage in enumerate(stages):
+        first, end = stage["layers"]
+        ranks = stage["ranks"]
+        lines.append(
+            f"  stage {k}: layers {first}-{end - 1}, ranks {ranks[0]}-{ranks[1] - 1}, "
+            f"bubble {_ms(stage['bubble_s'])}, peak {bytes_text(stage['peak_memory_bytes'])}"
+        )
     return lines
 
 

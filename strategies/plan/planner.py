@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from strategies.models import ModelSpec
 
 Progress = Callable[[str], None]
+PIPELINE_AXIS = "pp"
+"""An axis of this name (the first) cuts the model into pipeline stages (:mod:`.pipeline_plan`)."""
 
 DEFAULT_BATCH = 8
 DEFAULT_SEQ = 1024
@@ -119,6 +121,11 @@ class PlanRequest:
     """A graph document a launcher exported (``docs/graph-format.md``), planned instead of a model: no model
     code is imported or run. ``model`` is then ``""`` and the shape fields (``batch``, ``seq``, ``layers``,
     ``options``) are unset: the graph fixes them."""
+    microbatches: int | None = None
+    """A pipeline (a ``pp`` axis first, :mod:`strategies.plan.pipeline_plan`): micro-batches per step; None
+    chooses among ``p``, ``2p``, ``4p``."""
+    schedule: str | None = None
+    """A pipeline's schedule, ``1f1b`` or ``gpipe``; None chooses."""
     cutoff_s: float | None = None
     """A search's pruning: a plan costing more than this (the program's step seconds) is of no use to the
     caller; once the solve's bound proves none costs less, planning stops with :class:`PrunedError`."""
@@ -150,6 +157,14 @@ def plan_model(request: PlanRequest, progress: Progress | None = None) -> PlanOu
     say = progress or (lambda message: None)
     timings: dict[str, float] = {}
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
+    if PIPELINE_AXIS in mesh.axis_names:
+        from strategies.plan.pipeline_plan import plan_pipeline
+
+        return plan_pipeline(request, mesh, say)
+    if request.microbatches is not None or request.schedule is not None:
+        raise ValueError(
+            f"microbatches / schedule: only for a pipeline (an axis named {PIPELINE_AXIS} first)"
+        )
     _check_baseline(request.baseline, mesh)
     compute_dtype(request)  # a bad name refused before any work
     started = time.perf_counter()
@@ -183,6 +198,10 @@ def plan_captured(
     say = progress or (lambda message: None)
     timings: dict[str, float] = {}
     mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
+    if PIPELINE_AXIS in mesh.axis_names:
+        raise ValueError(
+            f"axis_names: a pipeline ({PIPELINE_AXIS}) is planned with plan_model, not from a capture"
+        )
     _check_baseline(request.baseline, mesh)
     compute_dtype(request)  # a bad name refused before any work
     started = time.perf_counter()

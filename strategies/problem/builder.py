@@ -165,6 +165,11 @@ class BuiltProblem:
     and (frontier value, recomputed op) pairs forbidding its absence (:mod:`strategies.problem.recompute`)."""
     recompute_closures: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Per op that may be recomputed, the ops of its closure (made again with it)."""
+    node_layer: list[int | None] | None = None
+    """Each node's captured layer (:func:`node_layers`), None outside every layer; None without module
+    paths."""
+    backward_start: int | None = None
+    """The timeline position where the backward begins (ops at or before it are the forward's)."""
 
     def warnings(self) -> list[str]:
         """What the plan cannot do well, a line per cause: ops without a sharding rule (replicated)."""
@@ -492,7 +497,19 @@ def build_problem(
     built.recompute_edges = extra
     built.recompute_closures = {w: tuple(index_of[n] for n in c.closure) for w, c in recomputed.items()}
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
+    built.node_layer = node_layers(b.nodes, _stage_paths(order, module_path)) if module_path else None
+    built.backward_start = backward_start
     return built
+
+
+def node_layers(nodes: Sequence[ProblemNode], paths: Mapping[str, str]) -> list[int | None]:
+    """Each node's captured layer (``layers.<i>`` of its op's module path, or of its parameter's or gradient's
+    name), None outside every layer (embedding, final norm, output head, loss)."""
+    layers: list[int | None] = []
+    for node in nodes:
+        name = node.name.removesuffix(".grad") if node.kind == "gradient" else node.held_for or node.name
+        layers.append(layer_of(paths.get(name, "") if node.kind in ("op", "kept", "held") else name))
+    return layers
 
 
 def _add_candidate(b: _Builder, pn: ProblemNode, candidate: Candidate, born: int, end: int) -> int:
@@ -698,10 +715,7 @@ def _repeat(
         )
     if backward_start is None:
         raise ValueError("layer repeat: needs backward_start")
-    node_layer: list[int | None] = []
-    for node in b.nodes:
-        name = node.name.removesuffix(".grad") if node.kind == "gradient" else node.held_for or node.name
-        node_layer.append(layer_of(paths.get(name, "") if node.kind in ("op", "kept", "held") else name))
+    node_layer = node_layers(b.nodes, paths)
     node_weight, edge_weight = cost_weights(
         repeat, node_layer, [(e.producer, e.consumer) for e in b.edges], tied
     )
@@ -753,6 +767,22 @@ def _inherit_layer_paths(order: list[torch.fx.Node], module_path: Mapping[str, s
         inherited = [s for s in sources if layer_of(paths.get(s.name, "")) is not None]
         if own or inherited:
             paths[node.name] = paths[(own or inherited)[0].name]
+    return paths
+
+
+def _stage_paths(order: list[torch.fx.Node], module_path: Mapping[str, str]) -> dict[str, str]:
+    """Module paths for cutting the model into stages: a node's own path where it has one, inside a layer or
+    not (the output head and the final norm stay outside every layer: `_inherit_layer_paths` gives them the
+    last layer's, to tie it), else its first argument's (the loss after the head, autograd's casts)."""
+    paths: dict[str, str] = {}
+    for node in order:
+        own = module_path.get(node.name, "")
+        if own:
+            paths[node.name] = own
+            continue
+        source = next((s for s in node.all_input_nodes if paths.get(s.name)), None)
+        if source is not None:
+            paths[node.name] = paths[source.name]
     return paths
 
 

@@ -1,0 +1,186 @@
+"""Plans with a pipeline axis: the model's layers cut into stages along ``pp``, each sharded on the rest.
+
+A mesh whose first (outermost) axis is named ``pp`` is a pipeline: its ``p`` slices are the stages, each a
+copy of the mesh of the other axes. Every stage runs the same placements there (identical layers share
+decisions), so the integer program is solved once, for the whole model on the other axes at the size of one
+micro-batch (``batch / m``), as any plan is; :mod:`strategies.plan.stages` then splits that plan's step by
+layer and predicts the pipeline: the layers cut to balance the stages (the embedding on the first, the head
+and the loss on the last), the send between neighbouring stages, the schedule's bubble, each stage's peak
+memory.
+
+The micro-batch count ``m`` and the schedule are chosen where the request leaves them open: ``m`` among
+``p``, ``2p``, ``4p`` (those dividing the batch), each a plan of its own; the schedules ``1f1b`` and
+``gpipe`` (``torch.distributed.pipelining``'s ``Schedule1F1B`` and ``ScheduleGPipe``). The pair of least step
+whose every stage fits the memory limit wins. The plan's program fits the memory limit with the whole
+model's parameters and one micro-batch's activations, an upper bound of the first stage's under 1F1B with
+``m >= p`` (its ``1/p`` of the layers, ``p`` micro-batches of activations each): the stage peaks reported
+are the pipeline's own.
+
+The plan JSON is the micro-batch plan's (placements over the axes after ``pp``) with the whole mesh, a
+``pipeline`` block (stages: layer ranges and ranks; schedule; micro-batches; per-stage bubble and peak) and
+``predicted`` for the whole step (``step_time_s``, ``bubble_s``, ``peak_memory_bytes``, model FLOPs
+utilisation); the micro-batch plan's own figures under ``pipeline.microbatch``. The runtime does not run
+such plans yet (issue 28, point 3): it refuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from solver.errors import InfeasibleError
+from strategies.cost.mesh import Mesh
+from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B
+from strategies.plan.planner import PIPELINE_AXIS
+from strategies.plan.stages import PipelinePrediction, layer_profile, predict_pipeline, stage_link
+from strategies.units import bytes_text
+
+if TYPE_CHECKING:
+    from strategies.plan.planner import PlanOutcome, PlanRequest, Progress
+
+PLANNED_SCHEDULES = (ONE_F_ONE_B, GPIPE)
+PER_DEVICE_WORK = (
+    "compute_s", "load_s", "comm_s", "exposed_comm_s", "hidden_comm_s", "contention_s", "recompute_s",
+    "comm_bytes", "model_flops",
+)  # fmt: skip
+"""What a device does in one micro-batch's plan that it does ``m / p`` times in the pipeline's step."""
+MICROBATCH_FACTORS = (1, 2, 4)
+"""Micro-batch counts tried where the request leaves it open: these multiples of the stage count."""
+
+
+def plan_pipeline(request: PlanRequest, mesh: Mesh, say: Progress) -> PlanOutcome:
+    """The plan of ``request`` on ``mesh`` (a pipeline axis first): the module docstring."""
+    from strategies.plan.planner import DEFAULT_BATCH, PlanOutcome, plan_model, request_record
+
+    started = time.perf_counter()
+    stages, rest_shape, rest_names = _split(mesh, request)
+    batch = request.batch or DEFAULT_BATCH
+    counts = _microbatch_counts(request.microbatches, stages, batch)
+    schedules = _schedules(request.schedule)
+    limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
+    best: tuple[PipelinePrediction, PlanOutcome] | None = None
+    least_peak = math.inf
+    for m in counts:
+        say(f"pipeline: {stages} stages, {m} micro-batches of {batch // m}")
+        sub = dataclasses.replace(
+            request,
+            mesh="x".join(str(size) for size in rest_shape),
+            axis_names=",".join(rest_names),
+            batch=batch // m,
+            microbatches=None,
+            schedule=None,
+            time_limit=request.time_limit / len(counts),
+        )
+        outcome = plan_model(sub, say)
+        chosen = np.asarray(outcome.result.solution, dtype=np.int64)
+        profile = layer_profile(outcome.built, chosen, outcome.plan["predicted"]["step_time_s"])
+        link = stage_link(outcome.built, stages)
+        for schedule in schedules:
+            predicted = predict_pipeline(profile, stages, m, schedule, link)
+            peak = max(predicted.peak_bytes)
+            least_peak = min(least_peak, peak)
+            if peak <= limit and (best is None or predicted.step_s < best[0].step_s):
+                best = (predicted, outcome)
+    if best is None:
+        raise InfeasibleError(
+            f"pipeline: no micro-batch count ({', '.join(map(str, counts))}) and schedule "
+            f"({', '.join(schedules)}) fits {bytes_text(limit)} per device: the least stage peak is "
+            f"{bytes_text(least_peak)}",
+            min_peak=int(least_peak),
+            min_peak_exact=False,
+        )
+    predicted, outcome = best
+    plan = _pipeline_plan(outcome.plan, mesh, predicted, batch)
+    plan["request"] = request_record(request)
+    plan["timings"] = {**plan.get("timings", {}), "total": time.perf_counter() - started}
+    return PlanOutcome(plan, outcome.built, outcome.result, outcome.timings)
+
+
+def _split(mesh: Mesh, request: PlanRequest) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
+    names = mesh.axis_names
+    if names[0] != PIPELINE_AXIS:
+        raise ValueError(
+            f"axis_names: the pipeline axis {PIPELINE_AXIS} must come first, got {','.join(names)}"
+        )
+    if request.baseline is not None:
+        raise ValueError("baseline: hand-written layouts have no pipeline axis; plan without --baseline")
+    if request.graph is not None:
+        raise ValueError("graph: a pipeline is planned from a model, not from a graph document (yet)")
+    rest_shape, rest_names = mesh.shape[1:], names[1:]
+    if not rest_shape:
+        rest_shape, rest_names = (1,), ("dp",)
+    return mesh.shape[0], rest_shape, rest_names
+
+
+def _microbatch_counts(asked: int | None, stages: int, batch: int) -> list[int]:
+    if asked is not None:
+        if asked < 1 or batch % asked:
+            raise ValueError(f"microbatches: {asked} does not divide the batch of {batch}")
+        return [asked]
+    counts = [f * stages for f in MICROBATCH_FACTORS if batch % (f * stages) == 0]
+    if not counts:
+        raise ValueError(
+            f"batch: {batch} is not a multiple of the {stages} stages (a pipeline needs at least one "
+            "micro-batch per stage); give a batch that is, or --microbatches"
+        )
+    return counts
+
+
+def _schedules(asked: str | None) -> tuple[str, ...]:
+    if asked is None:
+        return PLANNED_SCHEDULES
+    if asked == INTERLEAVED:
+        raise ValueError("schedule: interleaved-1f1b is not planned yet; choose 1f1b or gpipe")
+    if asked not in PLANNED_SCHEDULES:
+        raise ValueError(f"schedule: {asked!r}; choose {' or '.join(PLANNED_SCHEDULES)}")
+    return (asked,)
+
+
+def _pipeline_plan(
+    micro: dict[str, Any], mesh: Mesh, predicted: PipelinePrediction, batch: int
+) -> dict[str, Any]:
+    """The micro-batch plan ``micro`` as the whole pipeline's (module docstring)."""
+    per_stage = math.prod(mesh.shape[1:])
+    micro_predicted = micro["predicted"]
+    step = predicted.step_s
+    # each device runs its stage's share of every micro-batch: the micro-batch plan's work (the whole model
+    # on one stage's devices) times the micro-batches over the stages
+    share = predicted.microbatches / len(predicted.stages)
+    at_peak_s = micro_predicted["mfu"] * micro_predicted["step_time_s"] * share
+    plan = dict(micro)
+    plan["mesh"] = {**micro["mesh"], "shape": list(mesh.shape), "axis_names": list(mesh.axis_names)}
+    plan["pipeline"] = {
+        "axis": PIPELINE_AXIS,
+        "schedule": predicted.schedule,
+        "microbatches": predicted.microbatches,
+        "microbatch_size": batch // predicted.microbatches,
+        "stages": [
+            {
+                "layers": [layers.start, layers.stop],
+                "ranks": [k * per_stage, (k + 1) * per_stage],
+                "bubble_s": predicted.bubble_s[k],
+                "peak_memory_bytes": int(predicted.peak_bytes[k]),
+            }
+            for k, layers in enumerate(predicted.stages)
+        ],
+        "send_bytes": predicted.send_bytes,
+        "microbatch": {key: micro_predicted[key] for key in ("step_time_s", "peak_memory_bytes", "mfu")},
+    }
+    whole = {key: value for key, value in micro_predicted.items() if key not in ("fastest", "memory_profile")}
+    whole.update({key: micro_predicted[key] * share for key in PER_DEVICE_WORK if key in micro_predicted})
+    whole["collectives"] = {name: round(n * share) for name, n in micro_predicted["collectives"].items()}
+    plan["predicted"] = {
+        **whole,
+        "step_time_s": step,
+        "bubble_s": max(predicted.bubble_s),
+        "peak_memory_bytes": int(max(predicted.peak_bytes)),
+        "mfu": at_peak_s / step if step > 0 else 0.0,
+    }
+    return plan
+
+
+__all__ = ["PLANNED_SCHEDULES", "plan_pipeline"]

@@ -1,0 +1,205 @@
+"""A plan's cost per transformer layer, and the pipeline it predicts when its layers are cut into stages.
+
+Issue 28's pipeline axis, second piece (after :mod:`strategies.plan.pipeline`'s schedule simulator): every
+stage of a pipeline runs the same placements on the mesh's other axes (identical layers share decisions), so
+one plan of the whole model on those axes, at the size of one micro-batch, gives what each stage costs:
+
+- :func:`layer_profile` splits the plan's step by layer: each op's compute and the redistributions into it
+  (their seconds as the plan runs them, :func:`strategies.plan.plan_json.plan_moves`) go to the op's layer,
+  forward or backward by where the op sits on the step's timeline; ops outside every layer go to the first
+  stage (before the first layer in the forward, after the last in the backward: the embedding) or the last
+  (the final norm, the output head and the loss). The middle copies of a layer repeat stand for the layers
+  left out (:mod:`strategies.problem.layer_repeat`): their weighted sums are shared evenly among the middle
+  layers of the full stack. The seconds are then scaled so that, all layers together, they make the plan's
+  simulated step (its two-stream schedule's verdict on what overlaps stays). Per layer too: the activation
+  bytes its forward leaves for its backward (the values alive across the start of the backward) and its
+  parameters' bytes (with their gradients and optimizer state).
+- :func:`predict_pipeline` cuts the layers into stages (:func:`~strategies.plan.pipeline.balance`), prices the
+  send between neighbouring stages (the value that crosses a layer boundary, over the link between the
+  stages' ranks), simulates the schedule over the micro-batches and gives the step, each stage's bubble and
+  each stage's peak memory: its parameters' share, the activations of the micro-batches it holds at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from strategies.cost.hardware import Link as HardwareLink
+from strategies.plan.pipeline import Link, StageCost, balance, simulate
+from strategies.problem.builder import BuiltProblem
+
+FIRST, LAST = "first", "last"
+ACTIVATION_KINDS = ("op", "kept", "held")
+PARAMETER_KINDS = ("parameter", "gradient")  # a parameter's node holds its optimizer state too
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    forward_s: float
+    backward_s: float
+    activation_bytes: float
+    parameter_bytes: float
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One micro-batch's step split by layer: ``layers`` of the full stack in order, and what runs outside
+    every layer on the first stage (``first``) and on the last (``last``); ``boundary_bytes``: the value one
+    layer hands the next, per device."""
+
+    layers: tuple[LayerCost, ...]
+    first: LayerCost
+    last: LayerCost
+    boundary_bytes: float
+
+
+def layer_profile(built: BuiltProblem, chosen: np.ndarray, step_time_s: float) -> LayerProfile:
+    """The profile of the module docstring for the plan ``chosen`` of ``built`` whose simulated step is
+    ``step_time_s`` (its ``predicted.step_time_s``)."""
+    from strategies.plan.plan_json import plan_moves
+
+    if built.node_layer is None or built.backward_start is None:
+        raise ValueError("pipeline: the graph has no module paths, so its layers cannot be cut into stages")
+    layer_of, back = built.node_layer, built.backward_start
+    captured = sorted({layer for layer in layer_of if layer is not None})
+    if len(captured) < 2:
+        raise ValueError("pipeline: the model has fewer than two layers to cut into stages")
+    starts = [built.problem.intervals[i][0] for i in range(len(built.nodes))]
+    layer_positions = [
+        starts[i] for i, n in enumerate(built.nodes) if n.kind == "op" and layer_of[i] is not None
+    ]
+    first_forward = min(p for p in layer_positions if p <= back)
+    last_backward = max(p for p in layer_positions if p > back)
+    weight = built.node_weights()
+    keys = [*captured, FIRST, LAST]
+    fwd, bwd, act, par = ({key: 0.0 for key in keys} for _ in range(4))
+
+    def group(i: int) -> int | str:
+        if layer_of[i] is not None:
+            return layer_of[i]  # type: ignore[return-value]
+        forward = starts[i] <= back
+        return (
+            FIRST
+            if (forward and starts[i] < first_forward) or (not forward and starts[i] > last_backward)
+            else LAST
+        )
+
+    for i, node in enumerate(built.nodes):
+        key = group(i)
+        if node.kind == "op":
+            seconds = float(weight[i] * node.compute_s[chosen[i]])
+            (fwd if starts[i] <= back else bwd)[key] += seconds
+        start, end = built.problem.intervals[i]
+        nbytes = float(node.memory_bytes[chosen[i]])
+        if node.kind in PARAMETER_KINDS:
+            par[key] += nbytes
+        elif node.kind in ACTIVATION_KINDS and start <= back < end:
+            act[key] += nbytes
+    moves = plan_moves(built, chosen)
+    for move in moves.moves:
+        consumer = built.edges[move.edge].consumer
+        key = group(consumer)
+        (fwd if starts[consumer] <= back else bwd)[key] += move.seconds
+    for consumer, seconds in moves.closure_s.items():
+        bwd[group(consumer)] += seconds
+    total = sum(fwd.values()) + sum(bwd.values())
+    scale = step_time_s / total if total > 0 else 1.0
+    full = built.repeat.total if built.repeat is not None else len(captured)
+    middle = captured[1:-1]
+    share = (full - 2) / len(middle) if middle and built.repeat is not None else 1.0
+
+    def cost(key: int | str, weight: float = 1.0) -> LayerCost:
+        # a middle copy's seconds are weighted for the layers it stands for; its bytes are one layer's (the
+        # ghosts hold the left-out layers' and are not counted here)
+        return LayerCost(fwd[key] * scale / weight, bwd[key] * scale / weight, act[key], par[key])
+
+    layers = [cost(captured[0])]
+    layers += [cost(middle[j % len(middle)], share) for j in range(full - 2)] if middle else []
+    layers.append(cost(captured[-1]))
+    return LayerProfile(tuple(layers), cost(FIRST), cost(LAST), _boundary_bytes(built, chosen, captured[0]))
+
+
+def _boundary_bytes(built: BuiltProblem, chosen: np.ndarray, first_layer: int) -> float:
+    """Per-device bytes of the forward value entering the first layer from outside every layer (the
+    embedding's output: the residual stream one stage hands the next)."""
+    layer_of, back = built.node_layer or [], built.backward_start or 0
+    largest = 0.0
+    for edge in built.edges:
+        producer, consumer = edge.producer, edge.consumer
+        enters = layer_of[producer] is None and layer_of[consumer] == first_layer
+        forward = built.problem.intervals[consumer][0] <= back and built.nodes[producer].kind == "op"
+        if enters and forward:
+            largest = max(largest, float(built.nodes[producer].memory_bytes[chosen[producer]]))
+    return largest
+
+
+def stage_link(built: BuiltProblem, stages: int) -> Link:
+    """The link between neighbouring stages' ranks: the pipeline axis outermost, ``stages`` copies of the
+    plan's mesh; over InfiniBand where the stages together span more than a node."""
+    hardware = built.mesh.hardware
+    link: HardwareLink = (
+        hardware.inter_node if stages * built.mesh.size > hardware.node_size else hardware.intra_node
+    )
+    return Link(link.bandwidth, link.latency)
+
+
+@dataclass(frozen=True)
+class PipelinePrediction:
+    stages: tuple[range, ...]
+    """Each stage's layers of the full stack."""
+    schedule: str
+    microbatches: int
+    step_s: float
+    bubble_s: tuple[float, ...]
+    peak_bytes: tuple[float, ...]
+    """Per stage: its parameters (and their gradients and optimizer state) and the activations it holds at
+    its peak."""
+    send_bytes: float
+
+
+def predict_pipeline(
+    profile: LayerProfile, stages: int, microbatches: int, schedule: str, link: Link
+) -> PipelinePrediction:
+    """The step of ``microbatches`` micro-batches over ``stages`` stages in ``schedule``: the layers cut to
+    balance each stage's forward and backward seconds (the first and last stages' extras counted)."""
+    layer_s = [layer.forward_s + layer.backward_s for layer in profile.layers]
+    first_s = profile.first.forward_s + profile.first.backward_s
+    last_s = profile.last.forward_s + profile.last.backward_s
+    cuts = balance(layer_s, stages, first_s, last_s)
+    costs: list[StageCost] = []
+    parameters: list[float] = []
+    for k, layers in enumerate(cuts):
+        parts = [profile.layers[i] for i in layers]
+        parts += [profile.first] if k == 0 else []
+        parts += [profile.last] if k == len(cuts) - 1 else []
+        costs.append(
+            StageCost(
+                forward_s=sum(p.forward_s for p in parts),
+                backward_s=sum(p.backward_s for p in parts),
+                activation_bytes=sum(p.activation_bytes for p in parts),
+                send_bytes=profile.boundary_bytes if k < len(cuts) - 1 else 0.0,
+            )
+        )
+        parameters.append(sum(p.parameter_bytes for p in parts))
+    step = simulate(costs, microbatches, schedule, [link] * (len(cuts) - 1))
+    return PipelinePrediction(
+        stages=tuple(cuts),
+        schedule=schedule,
+        microbatches=microbatches,
+        step_s=step.step_s,
+        bubble_s=tuple(step.step_s - busy for busy in step.busy_s),
+        peak_bytes=tuple(p + a for p, a in zip(parameters, step.peak_activation_bytes, strict=True)),
+        send_bytes=step.send_bytes,
+    )
+
+
+__all__ = [
+    "LayerCost",
+    "LayerProfile",
+    "PipelinePrediction",
+    "layer_profile",
+    "predict_pipeline",
+    "stage_link",
+]

@@ -1,0 +1,136 @@
+"""A plan split by layer, and plans with a pipeline axis: stages, micro-batches, schedule, the runtime's
+refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from runtime.plan_checks import PlanMismatch, check_plan
+from service.plan_view import summary
+from strategies.plan.pipeline import GPIPE, ONE_F_ONE_B, Link
+from strategies.plan.planner import PlanOutcome, PlanRequest, plan_model
+from strategies.plan.stages import layer_profile, predict_pipeline
+
+LLAMA = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "ffn_dim": 128, "max_seq_len": 64}
+
+
+def small_llama(**fields: Any) -> PlanRequest:
+    values: dict[str, Any] = {
+        "model": "llama3-8b", "mesh": "2", "batch": 8, "seq": 32, "layers": 6, "dtype": "float32",
+        "options": LLAMA, "gap": 0.0, "time_limit": 30,
+    }  # fmt: skip
+    return PlanRequest(**{**values, **fields})
+
+
+@pytest.fixture(scope="module")
+def repeated() -> PlanOutcome:
+    """Six layers captured as four (first, two tied middle copies, last)."""
+    return plan_model(small_llama())
+
+
+def profile_of(outcome: PlanOutcome):
+    chosen = np.asarray(outcome.result.solution, dtype=np.int64)
+    return layer_profile(outcome.built, chosen, outcome.plan["predicted"]["step_time_s"])
+
+
+@pytest.mark.parametrize("captured", [4, None])
+def test_the_layers_split_the_plans_step_and_the_head_sits_outside_them(
+    repeated: PlanOutcome, captured: int | None
+) -> None:
+    outcome = repeated if captured == 4 else plan_model(small_llama(captured_layers=None))
+    profile = profile_of(outcome)
+    assert len(profile.layers) == 6
+    parts = [*profile.layers, profile.first, profile.last]
+    step = outcome.plan["predicted"]["step_time_s"]
+    assert sum(p.forward_s + p.backward_s for p in parts) == pytest.approx(step, rel=1e-9)
+    # identical layers cost alike (the first and last layer too: the head and the loss are not theirs)
+    middle = profile.layers[1]
+    for layer in profile.layers:
+        assert layer.forward_s == pytest.approx(middle.forward_s, rel=0.1)
+        assert layer.backward_s == pytest.approx(middle.backward_s, rel=0.1)
+        assert layer.parameter_bytes == profile.layers[0].parameter_bytes > 0
+        assert layer.activation_bytes > 0
+    assert profile.first.parameter_bytes > 0  # the embedding
+    assert profile.last.forward_s > 0 and profile.last.backward_s > 0  # the head and the loss
+    # the residual stream of the micro-batch as the plan holds it, whole or split over the two devices
+    assert profile.boundary_bytes in (8 * 32 * 64 * 4, 8 * 32 * 64 * 4 / 2)
+
+
+def test_one_stage_of_one_micro_batch_is_the_plan_itself(repeated: PlanOutcome) -> None:
+    profile = profile_of(repeated)
+    whole = predict_pipeline(profile, 1, 1, ONE_F_ONE_B, Link(1e9))
+    assert whole.step_s == pytest.approx(repeated.plan["predicted"]["step_time_s"], rel=1e-9)
+    assert whole.bubble_s == (pytest.approx(0.0),) and whole.stages == (range(0, 6),)
+    assert whole.send_bytes == 0.0
+
+
+def test_stages_cut_every_layer_once_and_1f1b_holds_less_than_gpipe(repeated: PlanOutcome) -> None:
+    profile = profile_of(repeated)
+    one_f_one_b = predict_pipeline(profile, 3, 6, ONE_F_ONE_B, Link(1e9, 1e-5))
+    gpipe = predict_pipeline(profile, 3, 6, GPIPE, Link(1e9, 1e-5))
+    assert [layer for stage in one_f_one_b.stages for layer in stage] == list(range(6))
+    assert one_f_one_b.peak_bytes[0] < gpipe.peak_bytes[0]
+    # 2 x 5 sends of the residual stream between 3 stages per micro-batch... forward and back, 6 micro-batches
+    assert one_f_one_b.send_bytes == pytest.approx(2 * 6 * 2 * profile.boundary_bytes)
+    assert all(bubble > 0 for bubble in one_f_one_b.bubble_s)
+
+
+@pytest.fixture(scope="module")
+def pipelined() -> PlanOutcome:
+    return plan_model(small_llama(mesh="2x2", axis_names="pp,dp"))
+
+
+def test_a_pp_axis_plans_stages_of_the_plan_on_the_other_axes(pipelined: PlanOutcome) -> None:
+    plan = pipelined.plan
+    pipeline = plan["pipeline"]
+    assert plan["mesh"]["shape"] == [2, 2] and plan["mesh"]["axis_names"] == ["pp", "dp"]
+    assert pipeline["axis"] == "pp" and pipeline["schedule"] in (ONE_F_ONE_B, GPIPE)
+    assert pipeline["microbatches"] in (2, 4, 8)
+    assert pipeline["microbatch_size"] * pipeline["microbatches"] == 8
+    stages = pipeline["stages"]
+    assert [s["ranks"] for s in stages] == [[0, 2], [2, 4]]
+    assert stages[0]["layers"][0] == 0 and stages[0]["layers"][1] == stages[1]["layers"][0]
+    assert stages[1]["layers"][1] == 6
+    predicted = plan["predicted"]
+    assert predicted["peak_memory_bytes"] == max(s["peak_memory_bytes"] for s in stages)
+    assert predicted["bubble_s"] == max(s["bubble_s"] for s in stages) > 0
+    assert predicted["step_time_s"] > pipeline["microbatch"]["step_time_s"]
+    assert all(len(spec) == 1 for spec in plan["parameters"].values())  # placements over dp, after pp
+    assert plan["request"]["axis_names"] == "pp,dp"
+    text = summary(plan)
+    assert (
+        f"pipeline: 2 stages along pp, {pipeline['schedule']}, {pipeline['microbatches']} micro-batches"
+        in text
+    )
+    assert "  stage 1: layers" in text
+
+
+def test_the_runtime_refuses_a_pipeline_plan(pipelined: PlanOutcome) -> None:
+    with pytest.raises(PlanMismatch, match="2 stages along 'pp'; this runtime does not run pipeline stages"):
+        check_plan(pipelined.plan)
+
+
+def test_an_asked_micro_batch_count_and_schedule_are_kept() -> None:
+    plan = plan_model(small_llama(mesh="2x2", axis_names="pp,dp", microbatches=4, schedule=GPIPE)).plan
+    assert (plan["pipeline"]["microbatches"], plan["pipeline"]["schedule"]) == (4, GPIPE)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"mesh": "2x2", "axis_names": "dp,pp"}, "the pipeline axis pp must come first"),
+        ({"mesh": "2x2", "axis_names": "pp,dp", "microbatches": 3}, "microbatches: 3 does not divide"),
+        ({"mesh": "2x2", "axis_names": "pp,dp", "schedule": "interleaved-1f1b"}, "not planned yet"),
+        ({"mesh": "2x2", "axis_names": "pp,dp", "schedule": "zb"}, "schedule: 'zb'"),
+        ({"mesh": "2x2", "axis_names": "pp,dp", "batch": 3}, "batch: 3 is not a multiple of the 2 stages"),
+        ({"mesh": "2x2", "axis_names": "pp,dp", "baseline": "fsdp"}, "no pipeline axis"),
+        ({"mesh": "2", "microbatches": 2}, "only for a pipeline"),
+    ],
+)
+def test_bad_pipeline_requests_are_refused_before_any_work(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan_model(dataclasses.replace(small_llama(), **fields))
