@@ -14,7 +14,8 @@ import pytest
 from strategies.plan.planner import PlanRequest, plan_model
 
 PAGE = (Path(__file__).resolve().parents[1] / "docs" / "plan-format.md").read_text(encoding="utf-8")
-ONLY_SOMETIMES = {"layers", "fastest"}  # a short capture's plan; a plan of smaller peak within the gap
+# a short capture's plan; a plan of smaller peak within the gap; a pipeline's plan
+ONLY_SOMETIMES = {"layers", "fastest", "pipeline", "bubble_s"}
 LLAMA = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "ffn_dim": 128, "max_seq_len": 64}
 
 

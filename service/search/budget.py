@@ -11,10 +11,12 @@ worker, from what is left then:
 ``left``: the seconds until the deadline (the budget counted from the command's start, less
 `RESULTS_RESERVE_S` for writing the results); ``waiting``: the candidates not started (this one included);
 ``running``: those started and not finished, counted as half a candidate each (on average half done);
-``extra``: what a candidate has cost beyond its limit, the mean over those finished (before any has,
-`FIRST_EXTRA_SHARE` of the first share). Candidates ending early leave their time to the rest, overruns are
-taken from the rest, spread over all of them rather than from the last. A candidate's limit is therefore
-a function of when it starts; each plan records the limit it was given.
+``extra``: what a candidate has cost beyond its limit, the mean over those finished with `PRIOR_WEIGHT`
+candidates' worth of `FIRST_EXTRA_SHARE` of the share beside them (the first two 3-D candidates of the
+64-device search, planned while the next batch was captured beside them in a cold worker, ran 2.4-3.2 s past
+their 1.85 s: their mean alone cut the next limits to the floor). Candidates ending early leave their time
+to the rest, overruns are taken from the rest, spread over all of them rather than from the last. A
+candidate's limit is therefore a function of when it starts; each plan records the limit it was given.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ RESULTS_RESERVE_S = 1.5
 devices, 48 plans: ~1 s)."""
 FIRST_EXTRA_SHARE = 0.2
 """Before any candidate has finished, what a candidate costs beyond its limit is taken as this share of it."""
+PRIOR_WEIGHT = 4
+"""... and that guess counts as this many finished candidates in the mean after."""
 
 
 @dataclass
@@ -56,7 +60,8 @@ class BudgetShares:
         waiting = max(1, self.candidates - self.started_count)
         running = self.started_count - self.finished_count
         share = left * self.workers / (waiting + running / 2)
-        extra = sum(self.extra_s) / len(self.extra_s) if self.extra_s else FIRST_EXTRA_SHARE * share
+        prior = FIRST_EXTRA_SHARE * share
+        extra = (sum(self.extra_s) + PRIOR_WEIGHT * prior) / (len(self.extra_s) + PRIOR_WEIGHT)
         self.started_count += 1
         return round(min(self.ceiling_s, max(MIN_CANDIDATE_LIMIT_S, share - extra)), 2)
 
@@ -66,4 +71,4 @@ class BudgetShares:
         self.extra_s.append(max(0.0, seconds - limit_s))
 
 
-__all__ = ["FIRST_EXTRA_SHARE", "RESULTS_RESERVE_S", "BudgetShares"]
+__all__ = ["FIRST_EXTRA_SHARE", "PRIOR_WEIGHT", "RESULTS_RESERVE_S", "BudgetShares"]

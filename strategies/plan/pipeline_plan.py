@@ -11,10 +11,10 @@ memory.
 The micro-batch count ``m`` and the schedule are chosen where the request leaves them open: ``m`` among
 ``p``, ``2p``, ``4p`` (those dividing the batch), each a plan of its own; the schedules ``1f1b`` and
 ``gpipe`` (``torch.distributed.pipelining``'s ``Schedule1F1B`` and ``ScheduleGPipe``). The pair of least step
-whose every stage fits the memory limit wins. The plan's program fits the memory limit with the whole
-model's parameters and one micro-batch's activations, an upper bound of the first stage's under 1F1B with
-``m >= p`` (its ``1/p`` of the layers, ``p`` micro-batches of activations each): the stage peaks reported
-are the pipeline's own.
+whose every stage fits the memory limit wins. The plan's program counts ``1/p`` of every parameter's memory
+(with its gradient and optimizer state) and one micro-batch's activations of the whole model: the first
+stage's under 1F1B with ``m >= p`` (its ``1/p`` of the layers, ``p`` micro-batches of activations each; the
+embedding's share aside); the stage peaks reported are the pipeline's own, from the simulated schedule.
 
 The plan JSON is the micro-batch plan's (placements over the axes after ``pp``) with the whole mesh, a
 ``pipeline`` block (stages: layer ranges and ranks; schedule; micro-batches; per-stage bubble and peak) and
@@ -28,19 +28,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from solver.errors import InfeasibleError
 from strategies.cost.mesh import Mesh
 from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B
-from strategies.plan.planner import PIPELINE_AXIS
+from strategies.plan.request import DEFAULT_BATCH, PIPELINE_AXIS, PlanOutcome, PlanRequest, request_record
 from strategies.plan.stages import PipelinePrediction, layer_profile, predict_pipeline, stage_link
 from strategies.units import bytes_text
-
-if TYPE_CHECKING:
-    from strategies.plan.planner import PlanOutcome, PlanRequest, Progress
 
 PLANNED_SCHEDULES = (ONE_F_ONE_B, GPIPE)
 PER_DEVICE_WORK = (
@@ -52,10 +50,14 @@ MICROBATCH_FACTORS = (1, 2, 4)
 """Micro-batch counts tried where the request leaves it open: these multiples of the stage count."""
 
 
-def plan_pipeline(request: PlanRequest, mesh: Mesh, say: Progress) -> PlanOutcome:
-    """The plan of ``request`` on ``mesh`` (a pipeline axis first): the module docstring."""
-    from strategies.plan.planner import DEFAULT_BATCH, PlanOutcome, plan_model, request_record
-
+def plan_pipeline(
+    request: PlanRequest,
+    mesh: Mesh,
+    say: Callable[[str], None],
+    plan_model: Callable[[PlanRequest, Callable[[str], None]], PlanOutcome],
+) -> PlanOutcome:
+    """The plan of ``request`` on ``mesh`` (a pipeline axis first): the module docstring; ``plan_model``
+    plans each micro-batch on the other axes (the planner's, handed over: it calls this module)."""
     started = time.perf_counter()
     stages, rest_shape, rest_names = _split(mesh, request)
     batch = request.batch or DEFAULT_BATCH
@@ -74,6 +76,7 @@ def plan_pipeline(request: PlanRequest, mesh: Mesh, say: Progress) -> PlanOutcom
             microbatches=None,
             schedule=None,
             time_limit=request.time_limit / len(counts),
+            parameter_memory_share=1.0 / stages,
         )
         outcome = plan_model(sub, say)
         chosen = np.asarray(outcome.result.solution, dtype=np.int64)

@@ -94,7 +94,7 @@ def layer_profile(built: BuiltProblem, chosen: np.ndarray, step_time_s: float) -
         start, end = built.problem.intervals[i]
         nbytes = float(node.memory_bytes[chosen[i]])
         if node.kind in PARAMETER_KINDS:
-            par[key] += nbytes
+            par[key] += nbytes / built.parameter_memory_share  # the whole parameter, not a stage's share
         elif node.kind in ACTIVATION_KINDS and start <= back < end:
             act[key] += nbytes
     moves = plan_moves(built, chosen)

@@ -170,6 +170,8 @@ class BuiltProblem:
     paths."""
     backward_start: int | None = None
     """The timeline position where the backward begins (ops at or before it are the forward's)."""
+    parameter_memory_share: float = 1.0
+    """The share of parameter and gradient memory the problem counts (`build_problem`)."""
 
     def warnings(self) -> list[str]:
         """What the plan cannot do well, a line per cause: ops without a sharding rule (replicated)."""
@@ -334,8 +336,13 @@ def build_problem(
     repeat: LayerRepeat | None = None,
     backward_start: int | None = None,
     recompute: Policy = NO_RECOMPUTE,
+    parameter_memory_share: float = 1.0,
 ) -> BuiltProblem:
     """The whole-graph problem of one captured step (see the module docstring).
+
+    ``parameter_memory_share``: the share of each parameter's memory (with its optimizer state) and its
+    gradient's that the memory rows count: a pipeline stage holds ``1/p`` of the layers
+    (:mod:`strategies.plan.pipeline_plan`).
 
     ``repeat``: the graph holds ``repeat.captured`` layers of a stack of ``repeat.total``
     (:mod:`strategies.problem.layer_repeat`); needs ``module_path``, ``share_layers`` and ``backward_start``
@@ -460,6 +467,10 @@ def build_problem(
             b.nodes[parameter_nodes[name]], spec, f"parameters.{name}"
         )
 
+    if parameter_memory_share != 1.0:
+        for node in b.nodes:
+            if node.kind in ("parameter", "gradient"):
+                node.memory_bytes = np.ceil(node.memory_bytes * parameter_memory_share).astype(np.int64)
     node_weight = edge_weight = None
     if share_layers and module_path:
         ops = [(n.name, _signature(n), index_of[n]) for n in order if n.target is not operator.getitem]
@@ -498,6 +509,7 @@ def build_problem(
     built.recompute_closures = {w: tuple(index_of[n] for n in c.closure) for w, c in recomputed.items()}
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
     built.node_layer = node_layers(b.nodes, _stage_paths(order, module_path)) if module_path else None
+    built.parameter_memory_share = parameter_memory_share
     built.backward_start = backward_start
     return built
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from service.search.budget import FIRST_EXTRA_SHARE, RESULTS_RESERVE_S, BudgetShares
+from service.search.budget import FIRST_EXTRA_SHARE, PRIOR_WEIGHT, RESULTS_RESERVE_S, BudgetShares
 from service.search.executors import LocalPoolExecutor
 from service.search.request import MIN_CANDIDATE_LIMIT_S, SearchRequest
 from service.search.runner import run_search, search_candidates
@@ -257,12 +257,16 @@ def test_each_candidates_limit_is_its_share_of_the_time_left_when_it_starts() ->
     assert first == pytest.approx(round((1 - FIRST_EXTRA_SHARE) * 2 * (left - 1.0) / 48, 2))
     second = shares.next_limit(now=1.0)  # the first counts as half done: the share is 2 x 57.5 / 47.5
     assert second == pytest.approx(round((1 - FIRST_EXTRA_SHARE) * 2 * (left - 1.0) / 47.5, 2))
-    # the first ended early (0.5 s past its start, under its limit): nothing beyond limits seen so far
+    # the first ended early (0.5 s past its start, under its limit): no overrun, beside the prior's guess
     shares.finished(first, 0.5)
-    assert shares.next_limit(now=1.5) == pytest.approx(round(2 * (left - 1.5) / (46 + 0.5), 2))
-    # one ran 2 s past its limit: the mean overrun (1 s) comes off every later share
+    share = 2 * (left - 1.5) / (46 + 0.5)
+    guess = FIRST_EXTRA_SHARE * share
+    assert shares.next_limit(now=1.5) == pytest.approx(round(share - PRIOR_WEIGHT * guess / 5, 2))
+    # one ran 2 s past its limit: the mean overrun (with the guess) comes off every later share
     shares.finished(second, second + 2.0)
-    assert shares.next_limit(now=4.0) == pytest.approx(round(2 * (left - 4.0) / (45 + 0.5) - 1.0, 2))
+    share = 2 * (left - 4.0) / (45 + 0.5)
+    extra = (2.0 + PRIOR_WEIGHT * FIRST_EXTRA_SHARE * share) / (2 + PRIOR_WEIGHT)
+    assert shares.next_limit(now=4.0) == pytest.approx(round(share - extra, 2))
     # past the deadline: the least limit; never above the ceiling
     assert shares.next_limit(now=100.0) == MIN_CANDIDATE_LIMIT_S
     roomy = BudgetShares(budget_s=600.0, candidates=2, workers=2, ceiling_s=3.0, started=0.0)

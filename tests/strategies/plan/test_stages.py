@@ -79,6 +79,20 @@ def test_stages_cut_every_layer_once_and_1f1b_holds_less_than_gpipe(repeated: Pl
     assert all(bubble > 0 for bubble in one_f_one_b.bubble_s)
 
 
+def test_a_stage_counts_its_share_of_every_parameters_memory(repeated: PlanOutcome) -> None:
+    half = plan_model(small_llama(parameter_memory_share=0.5))
+    kinds = ("parameter", "gradient")
+    whole = [n for n in repeated.built.nodes if n.kind in kinds]
+    shared = [n for n in half.built.nodes if n.kind in kinds]
+    assert len(whole) == len(shared) > 0
+    for full, stage in zip(whole, shared, strict=True):
+        assert np.array_equal(stage.memory_bytes, np.ceil(full.memory_bytes * 0.5).astype(np.int64))
+    # the layers' own bytes are the whole parameters' again
+    assert profile_of(half).layers[1].parameter_bytes == pytest.approx(
+        profile_of(repeated).layers[1].parameter_bytes, rel=1e-3
+    )
+
+
 @pytest.fixture(scope="module")
 def pipelined() -> PlanOutcome:
     return plan_model(small_llama(mesh="2x2", axis_names="pp,dp"))
@@ -101,6 +115,7 @@ def test_a_pp_axis_plans_stages_of_the_plan_on_the_other_axes(pipelined: PlanOut
     assert predicted["step_time_s"] > pipeline["microbatch"]["step_time_s"]
     assert all(len(spec) == 1 for spec in plan["parameters"].values())  # placements over dp, after pp
     assert plan["request"]["axis_names"] == "pp,dp"
+    assert pipelined.built.parameter_memory_share == 0.5  # a stage holds half the layers
     text = summary(plan)
     assert (
         f"pipeline: 2 stages along pp, {pipeline['schedule']}, {pipeline['microbatches']} micro-batches"
