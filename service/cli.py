@@ -200,7 +200,8 @@ def plan_command(
         typer.Option(help="a pipeline (axis pp first): micro-batches per step (default: chosen)", min=1),
     ] = None,
     schedule: Annotated[
-        str | None, typer.Option(help="a pipeline's schedule: 1f1b or gpipe (default: chosen)")
+        str | None,
+        typer.Option(help="a pipeline's schedule: 1f1b, interleaved-1f1b or gpipe (default: chosen)"),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:

@@ -100,13 +100,15 @@ def _pipeline_lines(plan: dict[str, Any]) -> list[str]:
     stages = pipeline["stages"]
     step = plan["predicted"]["step_time_s"]
     bubble = plan["predicted"].get("bubble_s", 0.0)
+    chunks = pipeline.get("chunks", 1)
+    per_rank = f" ({chunks} per rank group)" if chunks > 1 else ""
     lines = [
-        f"pipeline: {len(stages)} stages along {pipeline['axis']}, {pipeline['schedule']}, "
+        f"pipeline: {len(stages)} stages{per_rank} along {pipeline['axis']}, {pipeline['schedule']}, "
         f"{pipeline['microbatches']} micro-batches of {pipeline['microbatch_size']}; bubble {_ms(bubble)} "
         f"({100 * bubble / step:.1f}% of the step) on the most idle stage, "
         f"{bytes_text(pipeline['send_bytes'])} sent between stages per step"
         if step
-        else f"pipeline: {len(stages)} stages"
+        else f"pipeline: {len(stages)} stages{per_rank}"
     ]
     for k, stage in enumerate(stages):
         first, end = stage["layers"]

@@ -9,8 +9,9 @@ and the loss on the last), the send between neighbouring stages, the schedule's 
 memory.
 
 The micro-batch count ``m`` and the schedule are chosen where the request leaves them open: ``m`` among
-``p``, ``2p``, ``4p`` (those dividing the batch), each a plan of its own; the schedules ``1f1b`` and
-``gpipe`` (``torch.distributed.pipelining``'s ``Schedule1F1B`` and ``ScheduleGPipe``). The pair of least step
+``p``, ``2p``, ``4p`` (those dividing the batch), each a plan of its own; the schedules ``1f1b``,
+``interleaved-1f1b`` with 2 or 4 stages per rank, and ``gpipe`` (``torch.distributed.pipelining``'s
+``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ``ScheduleGPipe``). The pair of least step
 whose every stage fits the memory limit wins. The plan's program counts ``1/p`` of every parameter's memory
 (with its gradient and optimizer state) and one micro-batch's activations of the whole model: the first
 stage's under 1F1B with ``m >= p`` (its ``1/p`` of the layers, ``p`` micro-batches of activations each; the
@@ -40,7 +41,9 @@ from strategies.plan.request import DEFAULT_BATCH, PIPELINE_AXIS, PlanOutcome, P
 from strategies.plan.stages import PipelinePrediction, layer_profile, predict_pipeline, stage_link
 from strategies.units import bytes_text
 
-PLANNED_SCHEDULES = (ONE_F_ONE_B, GPIPE)
+PLANNED_SCHEDULES = (ONE_F_ONE_B, INTERLEAVED, GPIPE)
+INTERLEAVED_CHUNKS = (2, 4)
+"""Stages per rank tried for ``interleaved-1f1b`` (Megatron-LM's virtual pipeline stages)."""
 PER_DEVICE_WORK = (
     "compute_s", "load_s", "comm_s", "exposed_comm_s", "hidden_comm_s", "contention_s", "recompute_s",
     "comm_bytes", "model_flops",
@@ -82,8 +85,8 @@ def plan_pipeline(
         chosen = np.asarray(outcome.result.solution, dtype=np.int64)
         profile = layer_profile(outcome.built, chosen, outcome.plan["predicted"]["step_time_s"])
         link = stage_link(outcome.built, stages)
-        for schedule in schedules:
-            predicted = predict_pipeline(profile, stages, m, schedule, link)
+        for schedule, chunks in _schedule_shapes(schedules, stages, m, len(profile.layers)):
+            predicted = predict_pipeline(profile, stages, m, schedule, link, chunks)
             peak = max(predicted.peak_bytes)
             least_peak = min(least_peak, peak)
             if peak <= limit and (best is None or predicted.step_s < best[0].step_s):
@@ -136,23 +139,36 @@ def _microbatch_counts(asked: int | None, stages: int, batch: int) -> list[int]:
 def _schedules(asked: str | None) -> tuple[str, ...]:
     if asked is None:
         return PLANNED_SCHEDULES
-    if asked == INTERLEAVED:
-        raise ValueError("schedule: interleaved-1f1b is not planned yet; choose 1f1b or gpipe")
     if asked not in PLANNED_SCHEDULES:
-        raise ValueError(f"schedule: {asked!r}; choose {' or '.join(PLANNED_SCHEDULES)}")
+        raise ValueError(f"schedule: {asked!r}; choose {', '.join(PLANNED_SCHEDULES)}")
     return (asked,)
+
+
+def _schedule_shapes(
+    schedules: tuple[str, ...], ranks: int, microbatches: int, layers: int
+) -> list[tuple[str, int]]:
+    """Each schedule with the stages per rank it runs: one, or for ``interleaved-1f1b`` each of
+    `INTERLEAVED_CHUNKS` that leaves every stage a layer (its micro-batches a multiple of the ranks)."""
+    shapes = []
+    for schedule in schedules:
+        if schedule != INTERLEAVED:
+            shapes.append((schedule, 1))
+            continue
+        if microbatches % ranks == 0:
+            shapes += [(schedule, v) for v in INTERLEAVED_CHUNKS if ranks * v <= layers]
+    return shapes
 
 
 def _pipeline_plan(
     micro: dict[str, Any], mesh: Mesh, predicted: PipelinePrediction, batch: int
 ) -> dict[str, Any]:
     """The micro-batch plan ``micro`` as the whole pipeline's (module docstring)."""
-    per_stage = math.prod(mesh.shape[1:])
+    per_stage, ranks = math.prod(mesh.shape[1:]), mesh.shape[0]
     micro_predicted = micro["predicted"]
     step = predicted.step_s
     # each device runs its stage's share of every micro-batch: the micro-batch plan's work (the whole model
     # on one stage's devices) times the micro-batches over the stages
-    share = predicted.microbatches / len(predicted.stages)
+    share = predicted.microbatches / ranks
     at_peak_s = micro_predicted["mfu"] * micro_predicted["step_time_s"] * share
     plan = dict(micro)
     plan["mesh"] = {**micro["mesh"], "shape": list(mesh.shape), "axis_names": list(mesh.axis_names)}
@@ -161,12 +177,13 @@ def _pipeline_plan(
         "schedule": predicted.schedule,
         "microbatches": predicted.microbatches,
         "microbatch_size": batch // predicted.microbatches,
+        "chunks": predicted.chunks,
         "stages": [
             {
                 "layers": [layers.start, layers.stop],
-                "ranks": [k * per_stage, (k + 1) * per_stage],
-                "bubble_s": predicted.bubble_s[k],
-                "peak_memory_bytes": int(predicted.peak_bytes[k]),
+                "ranks": [(k % ranks) * per_stage, (k % ranks + 1) * per_stage],
+                "bubble_s": predicted.bubble_s[k % ranks],
+                "peak_memory_bytes": int(predicted.peak_bytes[k % ranks]),
             }
             for k, layers in enumerate(predicted.stages)
         ],

@@ -81,7 +81,7 @@ class PlanRequest:
     """A pipeline (a ``pp`` axis first, :mod:`strategies.plan.pipeline_plan`): micro-batches per step; None
     chooses among ``p``, ``2p``, ``4p``."""
     schedule: str | None = None
-    """A pipeline's schedule, ``1f1b`` or ``gpipe``; None chooses."""
+    """A pipeline's schedule, ``1f1b``, ``interleaved-1f1b`` or ``gpipe``; None chooses."""
     parameter_memory_share: float = 1.0
     """The share of parameter, gradient and optimizer-state memory the program counts: a pipeline's
     micro-batch plan counts a stage's ``1/p`` (:mod:`strategies.plan.pipeline_plan`)."""

@@ -148,28 +148,33 @@ def stage_link(built: BuiltProblem, stages: int) -> Link:
 @dataclass(frozen=True)
 class PipelinePrediction:
     stages: tuple[range, ...]
-    """Each stage's layers of the full stack."""
+    """Each stage's layers of the full stack, in model order; stage ``s`` runs on the ``s mod p``-th slice
+    of the pipeline axis (``chunks`` stages per slice)."""
     schedule: str
     microbatches: int
+    chunks: int
     step_s: float
     bubble_s: tuple[float, ...]
+    """Per slice of the pipeline axis (a rank group): the step less its busy time."""
     peak_bytes: tuple[float, ...]
-    """Per stage: its parameters (and their gradients and optimizer state) and the activations it holds at
-    its peak."""
+    """Per slice: its stages' parameters (with their gradients and optimizer state) and the activations it
+    holds at its peak."""
     send_bytes: float
 
 
 def predict_pipeline(
-    profile: LayerProfile, stages: int, microbatches: int, schedule: str, link: Link
+    profile: LayerProfile, ranks: int, microbatches: int, schedule: str, link: Link, chunks: int = 1
 ) -> PipelinePrediction:
-    """The step of ``microbatches`` micro-batches over ``stages`` stages in ``schedule``: the layers cut to
-    balance each stage's forward and backward seconds (the first and last stages' extras counted)."""
+    """The step of ``microbatches`` micro-batches over ``ranks`` slices of the pipeline axis holding
+    ``chunks`` stages each (more than one: ``interleaved-1f1b``) in ``schedule``: the layers cut into
+    ``ranks x chunks`` stages balancing their forward and backward seconds (the first and last stages'
+    extras counted)."""
     layer_s = [layer.forward_s + layer.backward_s for layer in profile.layers]
     first_s = profile.first.forward_s + profile.first.backward_s
     last_s = profile.last.forward_s + profile.last.backward_s
-    cuts = balance(layer_s, stages, first_s, last_s)
+    cuts = balance(layer_s, ranks * chunks, first_s, last_s)
     costs: list[StageCost] = []
-    parameters: list[float] = []
+    parameters = [0.0] * ranks
     for k, layers in enumerate(cuts):
         parts = [profile.layers[i] for i in layers]
         parts += [profile.first] if k == 0 else []
@@ -182,12 +187,13 @@ def predict_pipeline(
                 send_bytes=profile.boundary_bytes if k < len(cuts) - 1 else 0.0,
             )
         )
-        parameters.append(sum(p.parameter_bytes for p in parts))
-    step = simulate(costs, microbatches, schedule, [link] * (len(cuts) - 1))
+        parameters[k % ranks] += sum(p.parameter_bytes for p in parts)
+    step = simulate(costs, microbatches, schedule, [link] * (len(cuts) - 1), chunks)
     return PipelinePrediction(
         stages=tuple(cuts),
         schedule=schedule,
         microbatches=microbatches,
+        chunks=chunks,
         step_s=step.step_s,
         bubble_s=tuple(step.step_s - busy for busy in step.busy_s),
         peak_bytes=tuple(p + a for p, a in zip(parameters, step.peak_activation_bytes, strict=True)),

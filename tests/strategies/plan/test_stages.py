@@ -4,6 +4,7 @@ refusal."""
 from __future__ import annotations
 
 import dataclasses
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from runtime.plan_checks import PlanMismatch, check_plan
 from service.plan_view import summary
-from strategies.plan.pipeline import GPIPE, ONE_F_ONE_B, Link
+from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, Link
 from strategies.plan.planner import PlanOutcome, PlanRequest, plan_model
 from strategies.plan.stages import layer_profile, predict_pipeline
 
@@ -102,13 +103,14 @@ def test_a_pp_axis_plans_stages_of_the_plan_on_the_other_axes(pipelined: PlanOut
     plan = pipelined.plan
     pipeline = plan["pipeline"]
     assert plan["mesh"]["shape"] == [2, 2] and plan["mesh"]["axis_names"] == ["pp", "dp"]
-    assert pipeline["axis"] == "pp" and pipeline["schedule"] in (ONE_F_ONE_B, GPIPE)
+    assert pipeline["axis"] == "pp" and pipeline["schedule"] in (ONE_F_ONE_B, INTERLEAVED, GPIPE)
     assert pipeline["microbatches"] in (2, 4, 8)
     assert pipeline["microbatch_size"] * pipeline["microbatches"] == 8
-    stages = pipeline["stages"]
-    assert [s["ranks"] for s in stages] == [[0, 2], [2, 4]]
-    assert stages[0]["layers"][0] == 0 and stages[0]["layers"][1] == stages[1]["layers"][0]
-    assert stages[1]["layers"][1] == 6
+    stages, chunks = pipeline["stages"], pipeline["chunks"]
+    assert [s["ranks"] for s in stages] == [[0, 2], [2, 4]] * chunks  # stage k on rank group k mod 2
+    bounds = [s["layers"] for s in stages]
+    assert bounds[0][0] == 0 and bounds[-1][1] == 6
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in pairwise(bounds))
     predicted = plan["predicted"]
     assert predicted["peak_memory_bytes"] == max(s["peak_memory_bytes"] for s in stages)
     assert predicted["bubble_s"] == max(s["bubble_s"] for s in stages) > 0
@@ -117,16 +119,34 @@ def test_a_pp_axis_plans_stages_of_the_plan_on_the_other_axes(pipelined: PlanOut
     assert plan["request"]["axis_names"] == "pp,dp"
     assert pipelined.built.parameter_memory_share == 0.5  # a stage holds half the layers
     text = summary(plan)
-    assert (
-        f"pipeline: 2 stages along pp, {pipeline['schedule']}, {pipeline['microbatches']} micro-batches"
-        in text
-    )
-    assert "  stage 1: layers" in text
+    assert f"along pp, {pipeline['schedule']}, {pipeline['microbatches']} micro-batches" in text
+    assert f"  stage {len(stages) - 1}: layers" in text
 
 
 def test_the_runtime_refuses_a_pipeline_plan(pipelined: PlanOutcome) -> None:
-    with pytest.raises(PlanMismatch, match="2 stages along 'pp'; this runtime does not run pipeline stages"):
+    with pytest.raises(PlanMismatch, match="stages along 'pp'; this runtime does not run pipeline stages"):
         check_plan(pipelined.plan)
+
+
+def test_interleaving_stages_on_each_rank_group_shrinks_the_bubble(repeated: PlanOutcome) -> None:
+    profile = profile_of(repeated)
+    plain = predict_pipeline(profile, 2, 4, ONE_F_ONE_B, Link(1e9, 1e-5))
+    interleaved = predict_pipeline(profile, 2, 4, INTERLEAVED, Link(1e9, 1e-5), chunks=3)
+    assert len(interleaved.stages) == 6 and len(interleaved.bubble_s) == 2
+    assert [layer for stage in interleaved.stages for layer in stage] == list(range(6))
+    assert max(interleaved.bubble_s) < max(plain.bubble_s)
+    assert interleaved.step_s < plain.step_s
+
+
+def test_an_interleaved_plan_puts_several_stages_on_each_rank_group() -> None:
+    plan = plan_model(small_llama(mesh="2x2", axis_names="pp,dp", schedule=INTERLEAVED)).plan
+    pipeline = plan["pipeline"]
+    # 2 stages per rank group: 4 would leave 8 stages for 6 layers
+    assert pipeline["schedule"] == INTERLEAVED and pipeline["chunks"] == 2
+    stages = pipeline["stages"]
+    assert len(stages) == 2 * pipeline["chunks"]
+    assert [s["ranks"] for s in stages] == [[0, 2], [2, 4]] * pipeline["chunks"]
+    assert "stages (2 per rank group) along pp, interleaved-1f1b" in summary(plan)
 
 
 def test_an_asked_micro_batch_count_and_schedule_are_kept() -> None:
@@ -139,7 +159,6 @@ def test_an_asked_micro_batch_count_and_schedule_are_kept() -> None:
     [
         ({"mesh": "2x2", "axis_names": "dp,pp"}, "the pipeline axis pp must come first"),
         ({"mesh": "2x2", "axis_names": "pp,dp", "microbatches": 3}, "microbatches: 3 does not divide"),
-        ({"mesh": "2x2", "axis_names": "pp,dp", "schedule": "interleaved-1f1b"}, "not planned yet"),
         ({"mesh": "2x2", "axis_names": "pp,dp", "schedule": "zb"}, "schedule: 'zb'"),
         ({"mesh": "2x2", "axis_names": "pp,dp", "batch": 3}, "batch: 3 is not a multiple of the 2 stages"),
         ({"mesh": "2x2", "axis_names": "pp,dp", "baseline": "fsdp"}, "no pipeline axis"),
