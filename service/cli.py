@@ -426,7 +426,8 @@ def search_command(
     dtype: DtypeOption = "bfloat16",
     compute_dtype: ComputeDtypeOption = None,
     max_mesh_dims: Annotated[
-        int, typer.Option("--max-mesh-dims", help="mesh axes at most", min=1, max=3)
+        int,
+        typer.Option("--max-mesh-dims", help="mesh axes at most (4: pipelines, pp,dp,cp,tp)", min=1, max=4),
     ] = 3,
     executor: Annotated[
         str, typer.Option(help="local (a process pool) or ray (also when RAY_ADDRESS is set)")

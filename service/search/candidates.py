@@ -6,7 +6,9 @@ whenever it fits one (:meth:`strategies.cost.mesh.Mesh.crosses_nodes`). Axis rol
 outermost first: ``dp`` (1-D); ``dp, tp`` (2-D: tensor parallel innermost, on the fast in-node link);
 ``dp, cp, tp`` (3-D: data, context, tensor parallel). The names are labels for people: the planner chooses
 every placement on every axis itself, so ``4x2`` and ``2x4`` differ by which axis crosses nodes, not by
-what each axis may do.
+what each axis may do. The one exception is 4-D: ``pp, dp, cp, tp``, the outermost axis a pipeline
+(:mod:`strategies.plan.pipeline_plan`), tried only when asked (``max_mesh_dims`` 4) and only with batches
+its stages divide (a pipeline runs at least one micro-batch per stage).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-AXIS_ROLES = {1: ("dp",), 2: ("dp", "tp"), 3: ("dp", "cp", "tp")}
+AXIS_ROLES = {1: ("dp",), 2: ("dp", "tp"), 3: ("dp", "cp", "tp"), 4: ("pp", "dp", "cp", "tp")}
 """Axis names by mesh rank, outermost first (the innermost axis is the one inside a node)."""
-MAX_MESH_DIMS = 3
+MAX_MESH_DIMS = 4
+DEFAULT_MESH_DIMS = 3
+"""A search's axes at most unless asked for more (the fourth is a pipeline)."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,18 @@ def _factorisations(n: int, dims: int) -> Iterator[tuple[int, ...]]:
 def make_candidates(
     devices: int, batch_sizes: Sequence[int], seq: int | None, max_dims: int = MAX_MESH_DIMS
 ) -> list[Candidate]:
-    """Meshes times batch sizes, numbered ``c00``, ``c01``, … (mesh by mesh, batches in the order given)."""
+    """Meshes times batch sizes, numbered ``c00``, ``c01``, … (mesh by mesh, batches in the order given; a
+    pipeline's mesh only with the batches its stages divide)."""
     if not batch_sizes:
         raise ValueError("batch_sizes: give at least one batch size")
     if any(batch < 1 for batch in batch_sizes):
         raise ValueError(f"batch_sizes: every batch must be positive, got {list(batch_sizes)}")
-    pairs = [(shape, batch) for shape in mesh_shapes(devices, max_dims) for batch in batch_sizes]
+    pairs = [
+        (shape, batch)
+        for shape in mesh_shapes(devices, max_dims)
+        for batch in batch_sizes
+        if len(shape) < 4 or batch % shape[0] == 0
+    ]
     width = max(2, len(str(len(pairs) - 1)))
     return [
         Candidate(f"c{index:0{width}d}", shape, AXIS_ROLES[len(shape)], batch, seq)

@@ -10,7 +10,8 @@ no plan of it can beat the best found. The time it did not take goes to the cand
 budget, :mod:`service.search.budget`).
 
 At the end (`top_row_proof`) the top row is proven best when its objective per token is at most every other
-candidate's bound per token (an infeasible candidate is out; one that failed leaves the ranking unproven). The
+candidate's bound per token (an infeasible candidate is out; one that failed, or a pipeline, whose step is
+simulated over micro-batch plans and has no bound, leaves the ranking unproven). The
 proof is the program's: the ranking is by the simulated step, which for the plans within a gap agrees with
 the objective to about a percent.
 """
@@ -56,7 +57,7 @@ class BestSoFar:
 
 def top_row_proof(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Whether the top-ranked row is proven best: ``{"top", "proven", "below": [ids of the rows whose bound
-    per token is below its objective per token], "unknown": [ids of those that failed], "closest",
+    per token is below its objective per token], "unknown": [ids of those without a bound], "closest",
     "shortfall"}`` (``closest``: the row of least bound per token among ``below``; ``shortfall``: how far
     below the top row's objective that bound is, as a share of it). None without a ranked row."""
     top = next((row for row in rows if row.get("rank") == 1), None)
@@ -97,7 +98,7 @@ def proof_text(proof: dict[str, Any] | None) -> str:
             f"{proof['closest']}'s the most, by {proof['shortfall']:.2%}"
         )
     if proof["unknown"]:
-        parts.append(f"{len(proof['unknown'])} failed without a bound")
+        parts.append(f"{len(proof['unknown'])} without a bound (failed, or pipelines)")
     return f"{proof['top']} is not proven best: " + "; ".join(parts)
 
 

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from service.search.candidates import MAX_MESH_DIMS, Candidate
+from service.search.candidates import DEFAULT_MESH_DIMS, Candidate
 from strategies.plan.planner import DEFAULT_GAP, PlanRequest
 from strategies.problem.recompute import check_policy
 
@@ -34,7 +34,8 @@ class SearchRequest:
     batch_sizes: list[int] = field(default_factory=lambda: [8])
     seq: int | None = None
     """Sequence length of a language model (``None``: the planner's default); ignored by models without."""
-    max_mesh_dims: int = MAX_MESH_DIMS
+    max_mesh_dims: int = DEFAULT_MESH_DIMS
+    """Mesh axes at most; 4 adds pipelines (``pp, dp, cp, tp``)."""
     executor: str = "local"
     """``local`` (a process pool) or ``ray``."""
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)

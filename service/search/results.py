@@ -56,6 +56,7 @@ def candidate_row(
         "error": outcome.get("error"),
         "time_limit_s": outcome.get("time_limit_s"),
         "seconds": round(float(outcome.get("seconds", 0.0)), 3),
+        "pipeline": None,
     }
     if outcome.get("bound_s") is not None:  # pruned: no plan, the bound that proves it could not win
         row["certificate"] = {
@@ -69,6 +70,14 @@ def candidate_row(
         return row
     predicted, solver = plan["predicted"], plan["solver"]
     step = float(predicted["step_time_s"])
+    pipeline = plan.get("pipeline")
+    if pipeline:  # its certificate is its micro-batch plan's: no objective or bound of the whole step
+        row["pipeline"] = {
+            "schedule": pipeline["schedule"],
+            "chunks": pipeline.get("chunks", 1),
+            "microbatches": pipeline["microbatches"],
+            "bubble_s": predicted.get("bubble_s"),
+        }
     row.update(
         step_time_s=step,
         compute_s=predicted["compute_s"],
@@ -83,8 +92,8 @@ def candidate_row(
         peak_memory_bytes=predicted["peak_memory_bytes"],
         certificate={
             "status": solver["status"],
-            "objective_s": solver["objective"],
-            "bound_s": solver["bound"],
+            "objective_s": None if pipeline else solver["objective"],
+            "bound_s": None if pipeline else solver["bound"],
             "gap": solver["gap"],
             "backend": solver["backend"],
         },

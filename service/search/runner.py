@@ -155,31 +155,49 @@ def _work(
     the next batch is captured while they plan), the meshes of more axes first (they take longest: the pool
     ends more evenly). Under a budget each task's solver limit is set as it is handed over (``shares``) and
     kept in ``limits``; with ``best``, so is its cutoff (:mod:`service.search.pruning`). The candidates of a
-    configuration that cannot be captured go to ``capture_failed`` with the reason."""
+    configuration that cannot be captured go to ``capture_failed`` with the reason. A pipeline's candidate
+    (its first axis ``pp``) is planned from captures at its micro-batch sizes, each captured once too, and
+    takes no cutoff (its step is simulated over micro-batch plans, not one program's objective)."""
     from strategies.graph.export import graph_digest
+    from strategies.plan.pipeline_plan import microbatch_sizes
     from strategies.plan.planner import export_request_graph
+    from strategies.plan.request import PIPELINE_AXIS
+
+    captured: dict[int, tuple[str, dict[str, Any]]] = {}
+
+    def capture(candidate: Candidate, batch: int) -> tuple[str, dict[str, Any]]:
+        if batch not in captured:
+            say(f"capturing {request.model} at batch {batch}")
+            document = export_request_graph(dataclasses.replace(request.plan_request(candidate), batch=batch))
+            captured[batch] = (graph_digest(document), document)
+        return captured[batch]
 
     batches: dict[int, list[Candidate]] = {}
     for candidate in candidates:
         batches.setdefault(candidate.batch, []).append(candidate)
     for batch, group in batches.items():
-        say(f"capturing {request.model} at batch {batch}")
-        try:
-            document = export_request_graph(request.plan_request(group[0]))
-        except Exception as error:
-            first_line = (str(error).splitlines() or [""])[0]
-            for candidate in group:
-                capture_failed(candidate, f"capture failed: {type(error).__name__}: {first_line}")
-            continue
-        digest = graph_digest(document)
         for candidate in sorted(group, key=lambda c: -len(c.mesh)):
+            pipelined = candidate.axis_names[0] == PIPELINE_AXIS
+            sizes = microbatch_sizes(candidate.mesh[0], batch) if pipelined else [batch]
+            try:
+                documents = {size: capture(candidate, size) for size in sizes}
+            except Exception as error:
+                first_line = (str(error).splitlines() or [""])[0]
+                capture_failed(candidate, f"capture failed: {type(error).__name__}: {first_line}")
+                continue
             plan_request = request.plan_request(candidate)
             if shares is not None:
                 plan_request = dataclasses.replace(plan_request, time_limit=shares.next_limit())
-            if best is not None:
+            if best is not None and not pipelined:  # a pipeline's cost is no program's objective
                 plan_request = dataclasses.replace(plan_request, cutoff_s=best.cutoff(candidate))
             limits[candidate.id] = plan_request.time_limit
-            yield CandidateTask(candidate.id, plan_request, digest, threads), document
+            if pipelined:
+                digests = {size: digest for size, (digest, _) in documents.items()}
+                task = CandidateTask(candidate.id, plan_request, "", threads, digests)
+                yield task, {size: document for size, (_, document) in documents.items()}
+            else:
+                digest, document = documents[batch]
+                yield CandidateTask(candidate.id, plan_request, digest, threads), document
 
 
 def sequence_of(request: SearchRequest) -> int | None:

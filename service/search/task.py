@@ -4,12 +4,13 @@ search, loaded once per worker process and kept; the result is what the runner r
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from strategies.graph.imported import ImportedGraph
-    from strategies.plan.planner import PlanRequest
+    from strategies.plan.request import PlanOutcome, PlanRequest
 
 OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED = "optimal", "feasible", "infeasible", "pruned", "failed"
 STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED)
@@ -30,6 +31,9 @@ class CandidateTask:
     threads: int = 1
     """Cores its solve may use: the executor's cores per task (a pool of two on two cores: one each; two
     would fork a second heuristic per solve onto a core the other worker needs)."""
+    microbatch_digests: dict[int, str] = field(default_factory=dict)
+    """A pipeline's candidate: the digest of the document captured at each micro-batch size (its graph is
+    then those documents by size)."""
 
 
 def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]:
@@ -43,8 +47,11 @@ def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]
     started = time.perf_counter()
     outcome: dict[str, Any] = {"id": task.candidate_id, "plan": None, "min_peak_bytes": None, "error": None}
     try:
-        imported = _graph(task.graph_digest, graph)
-        plan = plan_captured(task.request, imported.graph, imported.repeat, threads=task.threads).plan
+        if task.microbatch_digests:
+            plan = _pipeline(task, graph)
+        else:
+            imported = _graph(task.graph_digest, graph)
+            plan = plan_captured(task.request, imported.graph, imported.repeat, threads=task.threads).plan
         outcome.update(status=plan["solver"]["status"], plan=plan)
     except InfeasibleError as error:
         outcome.update(status=INFEASIBLE, min_peak_bytes=error.min_peak, error=str(error))
@@ -56,6 +63,22 @@ def plan_candidate(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]
         outcome.update(status=FAILED, error=public_message(error))
     outcome["seconds"] = time.perf_counter() - started
     return outcome
+
+
+def _pipeline(task: CandidateTask, documents: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A pipeline candidate's plan: each micro-batch plan from the document captured at its size."""
+    from strategies.cost.mesh import make_mesh
+    from strategies.plan.pipeline_plan import plan_pipeline
+    from strategies.plan.planner import plan_captured
+
+    def plan_microbatch(request: PlanRequest, say: Callable[[str], None]) -> PlanOutcome:
+        size = int(request.batch or 0)
+        imported = _graph(task.microbatch_digests[size], documents[size])
+        return plan_captured(request, imported.graph, imported.repeat, say, threads=task.threads)
+
+    request = task.request
+    mesh = make_mesh(request.mesh, request.axis_names, request.hardware)
+    return plan_pipeline(request, mesh, lambda message: None, plan_microbatch).plan
 
 
 def warm_up_worker() -> None:

@@ -80,6 +80,7 @@ def plan_pipeline(
             schedule=None,
             time_limit=request.time_limit / len(counts),
             parameter_memory_share=1.0 / stages,
+            cutoff_s=None,
         )
         outcome = plan_model(sub, say)
         chosen = np.asarray(outcome.result.solution, dtype=np.int64)
@@ -120,6 +121,12 @@ def _split(mesh: Mesh, request: PlanRequest) -> tuple[int, tuple[int, ...], tupl
     if not rest_shape:
         rest_shape, rest_names = (1,), ("dp",)
     return mesh.shape[0], rest_shape, rest_names
+
+
+def microbatch_sizes(stages: int, batch: int) -> list[int]:
+    """The micro-batch sizes a pipeline of ``stages`` at ``batch`` is planned at where its micro-batch count
+    is left open (a search captures each once)."""
+    return [batch // m for m in _microbatch_counts(None, stages, batch)]
 
 
 def _microbatch_counts(asked: int | None, stages: int, batch: int) -> list[int]:
@@ -203,4 +210,4 @@ def _pipeline_plan(
     return plan
 
 
-__all__ = ["PLANNED_SCHEDULES", "plan_pipeline"]
+__all__ = ["PLANNED_SCHEDULES", "microbatch_sizes", "plan_pipeline"]

@@ -34,4 +34,13 @@ def test_bad_counts_are_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match="batch_sizes"):
         make_candidates(8, [], seq=None)
     with pytest.raises(ValueError, match="max_mesh_dims"):
-        mesh_shapes(8, max_dims=4)
+        mesh_shapes(8, max_dims=5)
+
+
+def test_four_axes_are_a_pipeline_and_only_with_batches_its_stages_divide() -> None:
+    candidates = make_candidates(32, [2, 4], seq=None, max_dims=4)
+    four = [c for c in candidates if len(c.mesh) == 4]
+    assert {c.mesh for c in four} == {(4, 2, 2, 2), (2, 4, 2, 2), (2, 2, 4, 2), (2, 2, 2, 4)}
+    assert all(c.axis_names == ("pp", "dp", "cp", "tp") and c.batch % c.mesh[0] == 0 for c in four)
+    assert ((4, 2, 2, 2), 2) not in {(c.mesh, c.batch) for c in four}  # 2 sequences cannot fill 4 stages
+    assert len(four) == 7

@@ -59,7 +59,7 @@ def test_the_top_row_is_proven_best_when_no_other_bound_per_token_is_below_its_c
     assert proof["shortfall"] == pytest.approx(0.1)
     assert proof_text(proof) == (
         "c00 is not proven best: 1 candidates' bounds per token are below its cost, c01's the most, by "
-        "10.00%; 1 failed without a bound"
+        "10.00%; 1 without a bound (failed, or pipelines)"
     )
     assert top_row_proof([row("c03", "infeasible", 64)]) is None
 
@@ -99,3 +99,25 @@ def test_a_pruned_candidate_could_not_have_beaten_the_best(tmp_path: Path) -> No
     proof = results["proof"]
     assert proof is not None and proof["top"] == next(r["id"] for r in ranked if r["rank"] == 1)
     assert not set(proof["below"]) & {r["id"] for r in pruned}  # a pruned row's bound is above the best
+
+
+def test_a_four_axis_search_plans_pipelines_as_planning_them_alone(tmp_path: Path) -> None:
+    from service.search.request import SearchRequest
+
+    tiny = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "ffn_dim": 128, "max_seq_len": 64}
+    request = SearchRequest(
+        model="llama3-8b", devices=16, batch_sizes=[8], seq=32, layers=4, options=tiny, dtype="float32",
+        max_mesh_dims=4, workers=1, time_limit_s=10.0, gap=0.01,
+    )  # fmt: skip
+    results = run_search(request, tmp_path, executor=InlineExecutor())
+    rows = {tuple(r["mesh"]): r for r in results["candidates"]}
+    pipelined = rows[(2, 2, 2, 2)]
+    assert pipelined["axis_names"] == ["pp", "dp", "cp", "tp"]
+    assert pipelined["status"] in ("optimal", "feasible") and pipelined["rank"] is not None
+    assert pipelined["pipeline"]["microbatches"] in (2, 4, 8) and pipelined["pipeline"]["bubble_s"] > 0
+    # its certificate is its micro-batch plan's: no bound of the whole step, so no proof over it
+    assert pipelined["certificate"]["bound_s"] is None and pipelined["id"] in results["proof"]["unknown"]
+    candidate = next(c for c in search_candidates(request) if c.mesh == (2, 2, 2, 2))
+    alone = plan_model(dataclasses.replace(request.plan_request(candidate), time_limit=10.0)).plan
+    assert pipelined["step_time_s"] == pytest.approx(alone["predicted"]["step_time_s"], rel=1e-6)
+    assert all(r["pipeline"] is None for mesh, r in rows.items() if len(mesh) < 4)

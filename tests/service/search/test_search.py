@@ -25,7 +25,7 @@ ROW_FIELDS = {
     "id", "mesh", "axis_names", "batch", "seq", "status", "rank", "step_time_s", "compute_s", "comm_s",
     "exposed_comm_s", "contention_s", "load_s", "recompute_s", "recomputed", "samples_per_s", "tokens_per_s",
     "peak_memory_bytes", "memory_budget_bytes",
-    "min_peak_bytes", "certificate", "plan_file", "error", "time_limit_s", "seconds",
+    "min_peak_bytes", "certificate", "plan_file", "error", "time_limit_s", "seconds", "pipeline",
 }  # fmt: skip
 
 
