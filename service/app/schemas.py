@@ -248,6 +248,7 @@ class SearchProgress(BaseModel):
     infeasible: int = 0
     pruned: int = 0
     failed: int = 0
+    skipped: int = 0
     best: dict[str, Any] | None = Field(None, description="the fastest candidate so far")
     elapsed_s: float | None = None
 

@@ -65,6 +65,10 @@ class BudgetShares:
         self.started_count += 1
         return round(min(self.ceiling_s, max(MIN_CANDIDATE_LIMIT_S, share - extra)), 2)
 
+    def spent(self, now: float | None = None) -> bool:
+        """Whether the deadline has passed: no candidate starts after it."""
+        return (time.perf_counter() if now is None else now) >= self.deadline
+
     def finished(self, limit_s: float, seconds: float) -> None:
         """A candidate given ``limit_s`` ended after ``seconds``."""
         self.finished_count += 1

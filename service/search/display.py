@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from service.search.results import has_plan
-from service.search.task import FAILED, INFEASIBLE, PRUNED
+from service.search.task import FAILED, INFEASIBLE, PRUNED, SKIPPED
 
 
 class SearchProgress:
@@ -29,7 +29,7 @@ class SearchProgress:
             transient=False,
         )
         self.task: Any = None
-        self.counts = {"planned": 0, INFEASIBLE: 0, PRUNED: 0, FAILED: 0}
+        self.counts = {"planned": 0, INFEASIBLE: 0, PRUNED: 0, FAILED: 0, SKIPPED: 0}
         self.best: dict[str, Any] | None = None
 
     def started(self, total: int, reused: int) -> None:
@@ -54,7 +54,8 @@ class SearchProgress:
     def _counts(self) -> str:
         c = self.counts
         return " · ".join(f"{name} {c[key]}" for name, key in (
-            ("planned", "planned"), ("infeasible", INFEASIBLE), ("pruned", PRUNED), ("failed", FAILED)
+            ("planned", "planned"), ("infeasible", INFEASIBLE), ("pruned", PRUNED), ("failed", FAILED),
+            ("skipped", SKIPPED),
         ))  # fmt: skip
 
 

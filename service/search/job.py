@@ -14,7 +14,7 @@ from service.search.executors import InlineExecutor, RayExecutor
 from service.search.report_page import write_report
 from service.search.request import SearchRequest
 from service.search.results import has_plan
-from service.search.task import FAILED, INFEASIBLE, PRUNED
+from service.search.task import FAILED, INFEASIBLE, PRUNED, SKIPPED
 
 SEARCH_PHASE = "search"
 
@@ -72,14 +72,15 @@ def run_search_job(
 
 class JobProgress:
     """The runner's events as the job's progress: ``{"phase": "search", "done", "total", "planned",
-    "infeasible", "pruned", "failed", "best", "elapsed_s"}`` (``best``: the fastest candidate so far, or
-    null)."""
+    "infeasible", "pruned", "failed", "skipped", "best", "elapsed_s"}`` (``best``: the fastest candidate so
+    far, or null)."""
 
     def __init__(self, report: Callable[[dict[str, Any]], None] | None) -> None:
         self.report = report
         self.started_at = time.perf_counter()
         self.record: dict[str, Any] = {"phase": SEARCH_PHASE, "done": 0, "total": 0, "planned": 0,
-                                       INFEASIBLE: 0, PRUNED: 0, FAILED: 0, "best": None}  # fmt: skip
+                                       INFEASIBLE: 0, PRUNED: 0, FAILED: 0, SKIPPED: 0,
+                                       "best": None}  # fmt: skip
 
     def started(self, total: int, reused: int) -> None:
         self.record.update(total=total, reused=reused)
@@ -104,7 +105,7 @@ class JobProgress:
                         "tokens_per_s",
                     )
                 }
-        elif row["status"] in (INFEASIBLE, PRUNED, FAILED):
+        elif row["status"] in (INFEASIBLE, PRUNED, FAILED, SKIPPED):
             record[row["status"]] += 1
         self._send()
 

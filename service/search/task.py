@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from strategies.plan.request import PlanOutcome, PlanRequest
 
 OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED = "optimal", "feasible", "infeasible", "pruned", "failed"
-STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED)
+SKIPPED = "skipped"
+"""Not planned: the search's budget was spent before it could start."""
+STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED, SKIPPED)
 
 _loaded: dict[str, ImportedGraph] = {}
 """Graph documents this process has read, by digest: each is read once however many meshes use it."""

@@ -14,7 +14,7 @@ import pytest
 from service.search.budget import FIRST_EXTRA_SHARE, PRIOR_WEIGHT, RESULTS_RESERVE_S, BudgetShares
 from service.search.executors import LocalPoolExecutor
 from service.search.request import MIN_CANDIDATE_LIMIT_S, SearchRequest
-from service.search.runner import run_search, search_candidates
+from service.search.runner import dispatch_order, run_search, search_candidates
 from service.search.task import FAILED, CandidateTask
 from solver.errors import InfeasibleError
 from strategies.plan import planner
@@ -295,3 +295,26 @@ def test_the_pool_takes_tasks_as_its_workers_free_up() -> None:
     assert len(outcomes) == 6 and all(o["status"] == FAILED for o in outcomes)
     assert seen_before_pull[:3] == [0, 0, 0]  # two running, one queued
     assert all(seen >= k - 2 for k, seen in enumerate(seen_before_pull))
+
+
+def test_once_the_budget_is_spent_no_candidate_starts(tmp_path: Path) -> None:
+    # a 1 s budget is spent before the first candidate (the results' reserve alone is 1.5 s): every row says
+    # so, none is dropped, the files are written
+    results = run_search(mlp_search(batch_sizes=[64], workers=1, budget_s=1.0), tmp_path)
+    assert [row["status"] for row in results["candidates"]] == ["skipped"] * 4
+    assert all("budget was spent before it could start" in row["error"] for row in results["candidates"])
+    assert results["proof"] is None and (tmp_path / "results.json").exists()
+    shares = BudgetShares(budget_s=10.0, candidates=4, workers=1, ceiling_s=5.0, started=0.0)
+    deadline = 10.0 - RESULTS_RESERVE_S
+    assert not shares.spent(now=deadline - 0.01) and shares.spent(now=deadline)
+
+
+def test_the_largest_batch_starts_first_and_pipelines_after_the_meshes_without() -> None:
+    request = SearchRequest(model="mlp", devices=16, batch_sizes=[16, 64], max_mesh_dims=4)
+    order = dispatch_order(search_candidates(request))
+    assert [c.batch for c in order] == sorted((c.batch for c in order), reverse=True)
+    at_64 = [c for c in order if c.batch == 64]
+    pipelined = [c.axis_names[0] == "pp" for c in at_64]
+    assert pipelined == sorted(pipelined) and any(pipelined)  # every pipeline after every other mesh
+    others = [len(c.mesh) for c in at_64 if c.axis_names[0] != "pp"]
+    assert others == sorted(others, reverse=True)

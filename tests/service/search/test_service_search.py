@@ -24,6 +24,7 @@ BODY = {
     "options": MLP_OPTIONS,
     "dtype": "float32",
     "solver": {"time_limit_s": 20, "gap": 0},
+    "prune": False,  # every candidate planned to the end, to compare with planning it alone
 }
 
 
