@@ -98,7 +98,7 @@ def proof_text(proof: dict[str, Any] | None) -> str:
             f"{proof['closest']}'s the most, by {proof['shortfall']:.2%}"
         )
     if proof["unknown"]:
-        parts.append(f"{len(proof['unknown'])} without a bound (failed, or pipelines)")
+        parts.append(f"{len(proof['unknown'])} without a bound (skipped, failed, or pipelines)")
     return f"{proof['top']} is not proven best: " + "; ".join(parts)
 
 

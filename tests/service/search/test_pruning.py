@@ -59,7 +59,7 @@ def test_the_top_row_is_proven_best_when_no_other_bound_per_token_is_below_its_c
     assert proof["shortfall"] == pytest.approx(0.1)
     assert proof_text(proof) == (
         "c00 is not proven best: 1 candidates' bounds per token are below its cost, c01's the most, by "
-        "10.00%; 1 without a bound (failed, or pipelines)"
+        "10.00%; 1 without a bound (skipped, failed, or pipelines)"
     )
     assert top_row_proof([row("c03", "infeasible", 64)]) is None
 
