@@ -82,7 +82,12 @@ def plan_pipeline(
             parameter_memory_share=1.0 / stages,
             cutoff_s=None,
         )
-        outcome = plan_model(sub, say)
+        try:
+            outcome = plan_model(sub, say)
+        except InfeasibleError as error:  # this micro-batch size fits no plan; a smaller one may
+            say(f"pipeline: {m} micro-batches: {error}")
+            least_peak = min(least_peak, error.min_peak or math.inf)
+            continue
         chosen = np.asarray(outcome.result.solution, dtype=np.int64)
         profile = layer_profile(outcome.built, chosen, outcome.plan["predicted"]["step_time_s"])
         link = stage_link(outcome.built, stages)

@@ -154,6 +154,24 @@ def test_an_asked_micro_batch_count_and_schedule_are_kept() -> None:
     assert (plan["pipeline"]["microbatches"], plan["pipeline"]["schedule"]) == (4, GPIPE)
 
 
+def test_a_micro_batch_size_no_plan_fits_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    import strategies.plan.planner as planner
+    from solver.errors import InfeasibleError
+
+    real = planner.plan_model
+
+    def nothing_fits_a_micro_batch_of_four(request, progress=None):
+        if request.mesh == "2" and request.batch == 4:
+            raise InfeasibleError("no plan fits", min_peak=2**40)
+        return real(request, progress)
+
+    monkeypatch.setattr(planner, "plan_model", nothing_fits_a_micro_batch_of_four)
+    plan = real(small_llama(mesh="2x2", axis_names="pp,dp")).plan
+    assert plan["pipeline"]["microbatches"] in (4, 8)  # not 2 (micro-batches of 4)
+    with pytest.raises(InfeasibleError, match="pipeline: no micro-batch count"):
+        real(small_llama(mesh="2x2", axis_names="pp,dp", microbatches=2))
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
