@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 AXIS_ROLES = {1: ("dp",), 2: ("dp", "tp"), 3: ("dp", "cp", "tp"), 4: ("pp", "dp", "cp", "tp")}
 """Axis names by mesh rank, outermost first (the innermost axis is the one inside a node)."""
+PIPELINE_ROLE = AXIS_ROLES[4][0]
+"""The name the planner reads as a pipeline axis (``strategies.plan.request.PIPELINE_AXIS``, not imported
+here: it would bring torch into the service's start-up)."""
 MAX_MESH_DIMS = 4
 DEFAULT_MESH_DIMS = 3
 """A search's axes at most unless asked for more (the fourth is a pipeline)."""
@@ -36,6 +39,11 @@ class Candidate:
     @property
     def mesh_text(self) -> str:
         return "x".join(str(size) for size in self.mesh)
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether its outermost axis is a pipeline's (the 4-D role ``pp``)."""
+        return self.axis_names[0] == PIPELINE_ROLE
 
 
 def mesh_shapes(devices: int, max_dims: int = MAX_MESH_DIMS) -> list[tuple[int, ...]]:
@@ -75,7 +83,7 @@ def make_candidates(
         (shape, batch)
         for shape in mesh_shapes(devices, max_dims)
         for batch in batch_sizes
-        if len(shape) < 4 or batch % shape[0] == 0
+        if AXIS_ROLES[len(shape)][0] != PIPELINE_ROLE or batch % shape[0] == 0
     ]
     width = max(2, len(str(len(pairs) - 1)))
     return [

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from service.search.results import has_plan
-from service.search.task import FAILED, INFEASIBLE, PRUNED, SKIPPED
+from service.search.task import UNPLANNED
 
 
 class SearchProgress:
@@ -29,7 +29,7 @@ class SearchProgress:
             transient=False,
         )
         self.task: Any = None
-        self.counts = {"planned": 0, INFEASIBLE: 0, PRUNED: 0, FAILED: 0, SKIPPED: 0}
+        self.counts = {"planned": 0, **dict.fromkeys(UNPLANNED, 0)}
         self.best: dict[str, Any] | None = None
 
     def started(self, total: int, reused: int) -> None:
@@ -52,11 +52,7 @@ class SearchProgress:
         self.progress.stop()
 
     def _counts(self) -> str:
-        c = self.counts
-        return " · ".join(f"{name} {c[key]}" for name, key in (
-            ("planned", "planned"), ("infeasible", INFEASIBLE), ("pruned", PRUNED), ("failed", FAILED),
-            ("skipped", SKIPPED),
-        ))  # fmt: skip
+        return " · ".join(f"{status} {count}" for status, count in self.counts.items())
 
 
 def candidate_label(row: dict[str, Any]) -> str:

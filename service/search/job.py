@@ -14,7 +14,7 @@ from service.search.executors import InlineExecutor, RayExecutor
 from service.search.report_page import write_report
 from service.search.request import SearchRequest
 from service.search.results import has_plan
-from service.search.task import FAILED, INFEASIBLE, PRUNED, SKIPPED
+from service.search.task import UNPLANNED
 
 SEARCH_PHASE = "search"
 
@@ -79,8 +79,7 @@ class JobProgress:
         self.report = report
         self.started_at = time.perf_counter()
         self.record: dict[str, Any] = {"phase": SEARCH_PHASE, "done": 0, "total": 0, "planned": 0,
-                                       INFEASIBLE: 0, PRUNED: 0, FAILED: 0, SKIPPED: 0,
-                                       "best": None}  # fmt: skip
+                                       **dict.fromkeys(UNPLANNED, 0), "best": None}  # fmt: skip
 
     def started(self, total: int, reused: int) -> None:
         self.record.update(total=total, reused=reused)
@@ -105,7 +104,7 @@ class JobProgress:
                         "tokens_per_s",
                     )
                 }
-        elif row["status"] in (INFEASIBLE, PRUNED, FAILED, SKIPPED):
+        elif row["status"] in UNPLANNED:
             record[row["status"]] += 1
         self._send()
 

@@ -162,7 +162,6 @@ def _work(
     from strategies.graph.export import graph_digest
     from strategies.plan.pipeline_plan import microbatch_sizes
     from strategies.plan.planner import export_request_graph
-    from strategies.plan.request import PIPELINE_AXIS
 
     captured: dict[int, tuple[str, dict[str, Any]]] = {}
 
@@ -178,7 +177,7 @@ def _work(
             unplanned(candidate, SKIPPED, "not planned: the budget was spent before it could start")
             continue
         batch = candidate.batch
-        pipelined = candidate.axis_names[0] == PIPELINE_AXIS
+        pipelined = candidate.pipelined
         sizes = microbatch_sizes(candidate.mesh[0], batch) if pipelined else [batch]
         try:
             documents = {size: capture(candidate, size) for size in sizes}
@@ -207,12 +206,7 @@ def dispatch_order(candidates: list[Candidate]) -> list[Candidate]:
     collectives are paid over more tokens), pipelines after every mesh without one at that batch (each is
     several micro-batch plans; at 64 devices they were 10-15% slower than the best), then the meshes of more
     axes first (they take longest: the pool ends more evenly)."""
-    from strategies.plan.request import PIPELINE_AXIS
-
-    return sorted(
-        candidates,
-        key=lambda c: (-c.batch, c.axis_names[0] == PIPELINE_AXIS, -len(c.mesh)),
-    )
+    return sorted(candidates, key=lambda c: (-c.batch, c.pipelined, -len(c.mesh)))
 
 
 def sequence_of(request: SearchRequest) -> int | None:

@@ -16,6 +16,8 @@ OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED = "optimal", "feasible", "infeasib
 SKIPPED = "skipped"
 """Not planned: the search's budget was spent before it could start."""
 STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED, SKIPPED)
+UNPLANNED = (INFEASIBLE, PRUNED, FAILED, SKIPPED)
+"""The statuses of a row without a plan, counted apart by the progress the CLI and the service show."""
 
 _loaded: dict[str, ImportedGraph] = {}
 """Graph documents this process has read, by digest: each is read once however many meshes use it."""

@@ -28,11 +28,10 @@ import numpy as np
 
 from strategies.cost.hardware import Link as HardwareLink
 from strategies.plan.pipeline import Link, StageCost, balance, simulate
-from strategies.problem.builder import BuiltProblem
+from strategies.problem.builder import PARAMETER_KINDS, BuiltProblem
 
 FIRST, LAST = "first", "last"
 ACTIVATION_KINDS = ("op", "kept", "held")
-PARAMETER_KINDS = ("parameter", "gradient")  # a parameter's node holds its optimizer state too
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,8 @@ if TYPE_CHECKING:
 
 COST_UNIT_S = 1e-6
 """Problem costs are in microseconds."""
+PARAMETER_KINDS = ("parameter", "gradient")
+"""The nodes holding a parameter's memory (with its optimizer state) and its gradient's."""
 
 ADAM_MOMENTS = 2
 """Optimizer state per parameter element: Adam's two moments, each in the parameter's dtype, as
@@ -166,8 +168,9 @@ class BuiltProblem:
     recompute_closures: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Per op that may be recomputed, the ops of its closure (made again with it)."""
     node_layer: list[int | None] | None = None
-    """Each node's captured layer (:func:`node_layers`), None outside every layer; None without module
-    paths."""
+    """Each node's captured layer by its own module path (`_stage_paths`: the head and the final norm outside
+    every layer, where the layer ties give them the last layer's), None outside every layer; None without
+    module paths. What a pipeline's stages are cut by (:mod:`strategies.plan.stages`)."""
     backward_start: int | None = None
     """The timeline position where the backward begins (ops at or before it are the forward's)."""
     parameter_memory_share: float = 1.0
@@ -469,7 +472,7 @@ def build_problem(
 
     if parameter_memory_share != 1.0:
         for node in b.nodes:
-            if node.kind in ("parameter", "gradient"):
+            if node.kind in PARAMETER_KINDS:
                 node.memory_bytes = np.ceil(node.memory_bytes * parameter_memory_share).astype(np.int64)
     node_weight = edge_weight = None
     if share_layers and module_path:
@@ -886,6 +889,7 @@ def _op_call(node: torch.fx.Node) -> tuple[tuple, dict]:
 
 __all__ = [
     "COST_UNIT_S",
+    "PARAMETER_KINDS",
     "BuiltProblem",
     "build_problem",
     "build_step_problem",
