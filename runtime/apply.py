@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from runtime.full_depth import expand_plan
 from runtime.parameter_shards import Initialiser, place_parameters
+from runtime.pipeline_step import PipelineStep
 from runtime.plan_checks import PlanMismatch, check_plan
 from runtime.planned_step import PlannedStep, StepResult
 from strategies.graph.capture import JointGraph, input_tensors
@@ -30,12 +31,13 @@ class AppliedPlan:
     ``forward_backward(inputs)`` runs one planned step on the inputs (global tensors every rank holds
     alike, each rank keeping its part; or, ``local=True``, each rank's own part), leaves each gradient in
     ``parameters[name].grad``, ready for any torch optimizer built over ``parameters.values()``, and returns
-    the loss, gradients and deviations. Random ops (dropout) draw from torch's default generator, which must
-    be in the same state on every rank (seed them alike, e.g. ``runtime.random_ops.seed_step``): each rank
-    keeps its piece of the same whole draw.
+    the loss, gradients and deviations. A pipeline plan's step (:class:`runtime.pipeline_step.PipelineStep`)
+    runs this rank's stages over the micro-batches; ``parameters`` are its stages' only. Random ops (dropout)
+    draw from torch's default generator, which must be in the same state on every rank (seed them alike,
+    e.g. ``runtime.random_ops.seed_step``): each rank keeps its piece of the same whole draw.
     """
 
-    step: PlannedStep
+    step: PlannedStep | PipelineStep
     parameters: dict[str, torch.nn.Parameter]
     buffers: dict[str, torch.Tensor]
 
@@ -58,6 +60,13 @@ class AppliedPlan:
         """Per input tensor (in the example inputs' order), the part of the global batch this rank loads:
         ``global_input[slices]``."""
         return self.step.input_slices()
+
+
+def _first_rows(example_inputs: Any, rows: int) -> Any:
+    """The example inputs of one micro-batch: every tensor's first ``rows`` (its batch dim first)."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda value: value[:rows] if isinstance(value, torch.Tensor) else value, example_inputs)
 
 
 def compute_dtype_of(plan: Mapping[str, Any]) -> torch.dtype | None:
@@ -89,7 +98,11 @@ def apply_plan(
     A module built on the meta device (``autoshard.meta_init()``) is never made whole: each rank makes its
     own shards, initialised by ``init`` (one submodule at a time; default ``reset_parameters()``) from the
     current random state, or read from ``weights`` (a ``torch.distributed.checkpoint`` directory or
-    safetensors files) (:mod:`runtime.parameter_shards`)."""
+    safetensors files) (:mod:`runtime.parameter_shards`).
+
+    A pipeline plan (``plan["pipeline"]``) runs on ``mesh`` with its ``pp`` axis first: the step is captured
+    at the micro-batch size, and each rank places only the parameters of its stages, on its stage's mesh
+    (:mod:`runtime.pipeline_step`); the others are left on the meta device."""
     from runtime.device_attention import register_for
     from strategies.graph.passes import capture_for_planning
     from strategies.ops.dtensor_bridge import register_with_dtensor
@@ -97,6 +110,14 @@ def apply_plan(
     register_with_dtensor()
     register_for(mesh.device_type)  # the CPU capture's attention kernels, on the mesh's device
     check_plan(plan, tuple(mesh.shape))
+    if plan.get("pipeline"):
+        micro = _first_rows(example_inputs, plan["pipeline"]["microbatch_size"])
+        graph = capture_for_planning(module, micro, loss_fn, compute_dtype_of(plan))
+        pipeline = PipelineStep(graph, plan, mesh)
+        placed = place_parameters(
+            module, graph, pipeline.parameter_placements, pipeline.stage_mesh, init, weights, only=True
+        )
+        return AppliedPlan(pipeline, placed, dict(module.named_buffers()))
     graph = capture_for_planning(module, example_inputs, loss_fn, compute_dtype_of(plan))
     if "layers" in plan:
         if short_graph is None:

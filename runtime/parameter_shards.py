@@ -70,11 +70,14 @@ def place_parameters(
     mesh: DeviceMesh,
     init: Initialiser | None = None,
     weights: str | Path | None = None,
+    only: bool = False,
 ) -> dict[str, nn.Parameter]:
     """Every parameter of ``module`` (captured as ``graph``) as a DTensor parameter in ``placements`` (by
     its first name), set on the module under each of its names; returned by first name. Parameters on the
     meta device are initialised (``init``) or read from ``weights``; the others are full tensors every rank
-    holds alike."""
+    holds alike. With ``only``, the parameters ``placements`` does not name (another pipeline stage's) are
+    left on the meta device instead (still drawn where a sharded build draws them, so the random state
+    moves as the whole build's)."""
     first = _first_names(graph)
     source = None if weights is None else open_weights(weights)
     placed: dict[str, nn.Parameter] = {}
@@ -92,6 +95,9 @@ def place_parameters(
             name = _first(first, prefix + leaf)
             whole = submodule._parameters[leaf]
             assert whole is not None
+            if only and name not in placements:
+                placed[name] = nn.Parameter(whole.detach().to("meta"), requires_grad=parameter.requires_grad)
+                continue
             if source is None:
                 local = local_part(whole.detach(), mesh, placements[name], copy=True)
             else:
@@ -104,7 +110,7 @@ def place_parameters(
                 submodule._parameters[leaf] = placed[_first(first, prefix + leaf)]
     if source is not None:
         source.finish(module)
-    return placed
+    return {name: parameter for name, parameter in placed.items() if name in placements} if only else placed
 
 
 def _first_names(graph: JointGraph) -> dict[str, str]:

@@ -37,20 +37,26 @@ class NodePlan:
 
 
 def check_plan(plan: Mapping[str, Any], mesh_shape: Sequence[int] | None = None) -> None:
-    """Refuse a plan this runtime cannot apply: an unknown version, a pipeline, another mesh shape than
-    ``mesh_shape``."""
+    """Refuse a plan this runtime cannot apply: an unknown version, another mesh shape than ``mesh_shape``
+    (a pipeline's: :func:`run_mesh`)."""
     version = plan.get("version")
     if version != PLAN_VERSION:
         raise PlanMismatch(f"plan: version {version!r} is not one this runtime knows ({PLAN_VERSION})")
-    pipeline = plan.get("pipeline")
-    if pipeline:
-        raise PlanMismatch(
-            f"pipeline: the plan cuts the model into {len(pipeline.get('stages', []))} stages along "
-            f"{pipeline.get('axis')!r}; this runtime does not run pipeline stages yet"
-        )
-    planned = tuple(plan.get("mesh", {}).get("shape", ()))
+    planned = run_mesh(plan)[0]
     if mesh_shape is not None and planned != tuple(mesh_shape):
         raise PlanMismatch(f"mesh: the plan is for a mesh of shape {list(planned)}, not {list(mesh_shape)}")
+
+
+def run_mesh(plan: Mapping[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """The shape and axis names of the device mesh a plan runs on: its mesh's, or for a pipeline the pp
+    axis and its stages' mesh (a pp-only mesh runs its stages on one device each)."""
+    mesh = plan.get("mesh", {})
+    pipeline = plan.get("pipeline")
+    if not pipeline:
+        names = mesh.get("axis_names")
+        return tuple(mesh.get("shape", ())), None if names is None else tuple(names)
+    stages = pipeline["stage_mesh"]
+    return (mesh["shape"][0], *stages["shape"]), (pipeline["axis"], *stages["axis_names"])
 
 
 def placements_of(texts: Sequence[str] | None, where: str) -> Placements | None:

@@ -140,6 +140,8 @@ class PlannedStep:
     """Runs ``graph`` (one captured training step) on ``mesh`` with the placements of ``plan``."""
 
     def __init__(self, graph: JointGraph, plan: Mapping[str, Any], mesh: DeviceMesh) -> None:
+        if plan.get("pipeline"):
+            raise PlanMismatch("pipeline: a pipeline plan runs as runtime.pipeline_step.PipelineStep")
         check_plan(plan, tuple(mesh.shape))
         if "layers" in plan:
             raise PlanMismatch(

@@ -23,6 +23,8 @@ def report_text(report: dict[str, Any]) -> str:
         "",
         _memory_line(report["memory"]),
     ]
+    if report.get("pipeline"):
+        lines += ["", *_pipeline_lines(report["pipeline"], report["memory"]["peak_bytes_per_rank"])]
     if report["deviations"]:
         lines += ["", f"{len(report['deviations'])} ops came out in other placements than planned:"]
         lines += [
@@ -45,8 +47,35 @@ def report_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
+    """Per rank of a pipeline: its stages' seconds, its idle time beside the plan's bubble, what it sent and
+    held beside the plan's."""
+    sent = "as planned" if pipeline["sent_bytes_match"] else "NOT as planned"
+    lines = [
+        f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches, "
+        f"{len(pipeline['stages'])} stages; point-to-point bytes {sent}",
+        f"{'rank':>4}  {'stages':<8}{'forward':>10}{'backward':>10}{'idle':>9}{'plan bubble':>13}"
+        f"{'sent':>11}{'plan':>11}{'peak':>11}{'plan':>11}",
+    ]
+    bubbles = pipeline["predicted_bubble_s"]
+    for rank, (entry, peak) in enumerate(zip(pipeline["ranks"], peaks, strict=True)):
+        stages = ",".join(map(str, entry["stages"]))
+        lines.append(
+            f"{rank:>4}  {stages:<8}{sum(entry['forward_s']) * 1e3:>8.1f}ms"
+            f"{sum(entry['backward_s']) * 1e3:>8.1f}ms"
+            f"{entry['idle_s'] * 1e3:>7.1f}ms{bubbles[entry['stages'][0]] * 1e3:>11.1f}ms"
+            f"{bytes_text(entry['sent_bytes']):>11}{bytes_text(entry['predicted_sent_bytes']):>11}"
+            f"{bytes_text(peak):>11}{bytes_text(entry['predicted_peak_bytes']):>11}"
+        )
+    return lines
+
+
 def _collectives_table(collectives: dict[str, Any], backend: str) -> str:
     measured, expected = collectives["measured"], collectives["expected_on_backend"]
+    if expected is None:  # a pipeline: the plan has each device's average, not each stage's own
+        counts = ", ".join(f"{count} {name}" for name, count in sorted(measured.items())) or "none"
+        moved = bytes_text(collectives["measured_bytes"])
+        return f"collectives on rank 0: {counts}; {moved} (the plan does not predict them per stage)"
     names = sorted(set(measured) | set(expected) | set(collectives["predicted"]))
     verdict = "as planned" if collectives["match"] else "NOT as planned"
     if not names:

@@ -429,6 +429,10 @@ def search_command(
         int,
         typer.Option("--max-mesh-dims", help="mesh axes at most (4: pipelines, pp,dp,cp,tp)", min=1, max=4),
     ] = 3,
+    max_axis: Annotated[
+        str | None,
+        typer.Option("--max-axis", help="largest size per axis role, e.g. tp=8 or tp=8,pp=16 (default: any)"),
+    ] = None,
     executor: Annotated[
         str, typer.Option(help="local (a process pool) or ray (also when RAY_ADDRESS is set)")
     ] = ("local"),
@@ -459,7 +463,7 @@ def search_command(
     ] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:
-    """Plan every mesh of N devices (1, 2 or 3 axes) times the batch sizes; rank them by throughput.
+    """Plan every mesh of N devices (1 to --max-mesh-dims axes) times the batch sizes; rank by throughput.
 
     Writes results.json, results.csv, plans/<id>.json and report.html (when the report module is there)
     under --out, and prints the ranking. Exit 0 when the search ran (infeasible and failed candidates are
@@ -467,6 +471,7 @@ def search_command(
     """
     from rich.console import Console
 
+    from service.search.candidates import parse_axis_limits
     from service.search.display import SearchProgress, ranking_table, status_counts
     from service.search.pruning import proof_text
     from service.search.report_page import write_report
@@ -482,6 +487,7 @@ def search_command(
             batch_sizes=_int_list(batch_sizes, "--batch-sizes"),
             seq=seq,
             max_mesh_dims=max_mesh_dims,
+            axis_limits=parse_axis_limits(max_axis or ""),
             executor="ray" if os.environ.get("RAY_ADDRESS") else executor,
             workers=workers or os.cpu_count() or 1,
             time_limit_s=time_limit,

@@ -13,7 +13,7 @@ its stages divide (a pipeline runs at least one micro-batch per stage).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 AXIS_ROLES = {1: ("dp",), 2: ("dp", "tp"), 3: ("dp", "cp", "tp"), 4: ("pp", "dp", "cp", "tp")}
@@ -46,6 +46,30 @@ class Candidate:
         return self.axis_names[0] == PIPELINE_ROLE
 
 
+def check_axis_limits(limits: Mapping[str, int]) -> dict[str, int]:
+    """``limits`` checked: each a role a search's meshes have, at least 1."""
+    roles = {role for names in AXIS_ROLES.values() for role in names}
+    for role, size in limits.items():
+        if role not in roles:
+            raise ValueError(
+                f"axis_limits: {role!r} is not an axis of a search's meshes ({', '.join(sorted(roles))})"
+            )
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"axis_limits: {role} at most {size!r}; give a size of at least 1")
+    return dict(limits)
+
+
+def parse_axis_limits(text: str) -> dict[str, int]:
+    """``"tp=8,pp=16"`` as ``{"tp": 8, "pp": 16}``."""
+    limits: dict[str, int] = {}
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        role, sep, size = part.partition("=")
+        if not sep or not size.strip().isdigit():
+            raise ValueError(f"axis_limits: {part!r}; write NAME=SIZE, e.g. tp=8")
+        limits[role.strip()] = int(size)
+    return check_axis_limits(limits)
+
+
 def mesh_shapes(devices: int, max_dims: int = MAX_MESH_DIMS) -> list[tuple[int, ...]]:
     """Every ordered factorisation of ``devices`` into 1 to ``max_dims`` axes of size 2 or more (a single
     device is the 1-D mesh ``(1,)``), fewer axes first, then lexicographic."""
@@ -71,17 +95,32 @@ def _factorisations(n: int, dims: int) -> Iterator[tuple[int, ...]]:
 
 
 def make_candidates(
-    devices: int, batch_sizes: Sequence[int], seq: int | None, max_dims: int = MAX_MESH_DIMS
+    devices: int,
+    batch_sizes: Sequence[int],
+    seq: int | None,
+    max_dims: int = MAX_MESH_DIMS,
+    axis_limits: Mapping[str, int] | None = None,
 ) -> list[Candidate]:
     """Meshes times batch sizes, numbered ``c00``, ``c01``, … (mesh by mesh, batches in the order given; a
-    pipeline's mesh only with the batches its stages divide)."""
+    pipeline's mesh only with the batches its stages divide); ``axis_limits``: the largest size an axis of
+    that role may have (``{"tp": 8}``: tensor parallelism within a node's 8 GPUs)."""
     if not batch_sizes:
         raise ValueError("batch_sizes: give at least one batch size")
     if any(batch < 1 for batch in batch_sizes):
         raise ValueError(f"batch_sizes: every batch must be positive, got {list(batch_sizes)}")
+    limits = check_axis_limits(axis_limits or {})
+    shapes = [
+        shape
+        for shape in mesh_shapes(devices, max_dims)
+        if all(
+            size <= limits.get(role, size) for role, size in zip(AXIS_ROLES[len(shape)], shape, strict=True)
+        )
+    ]
+    if not shapes:
+        raise ValueError(f"axis_limits: no mesh of {devices} devices keeps {limits}")
     pairs = [
         (shape, batch)
-        for shape in mesh_shapes(devices, max_dims)
+        for shape in shapes
         for batch in batch_sizes
         if AXIS_ROLES[len(shape)][0] != PIPELINE_ROLE or batch % shape[0] == 0
     ]

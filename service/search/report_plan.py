@@ -93,6 +93,7 @@ def winner_section(
     predicted = mapping(plan, "predicted")
     parts += [
         _placements(plan),
+        *([_stages(mapping(plan, "pipeline"))] if mapping(plan, "pipeline") else []),
         _collectives(predicted),
         _memory(predicted, number(candidate.get("memory_budget_bytes"))),
     ]
@@ -171,6 +172,33 @@ def placement_html(text: str) -> str:
     kinds = {"S": "shard", "R": "replicate", "P": "partial"}
     spans = ", ".join(f'<span class="{kinds.get(e[:1], "other")}">{esc(e)}</span>' for e in entries)
     return f'<span class="spec">[{spans}]</span>'
+
+
+def _stages(pipeline: dict[str, Any]) -> str:
+    """A pipeline's stages: the layers each runs, on which ranks, its rank group's bubble and peak, and what
+    one micro-batch sends over the cut after it."""
+    rows = []
+    for k, stage in enumerate(pipeline.get("stages") or []):
+        first, end = (stage.get("layers") or [None, None])[:2]
+        low, high = (stage.get("ranks") or [None, None])[:2]
+        sends = stage.get("send_bytes") or [0, 0]
+        rows.append(
+            f'<tr><td class="num">{k}</td><td>{esc(f"{first} to {end - 1}" if end else DASH)}</td>'
+            f"<td>{esc(f'{low} to {high - 1}' if high else DASH)}</td>"
+            f'<td class="num">{esc(seconds_text(stage.get("bubble_s")))}</td>'
+            f'<td class="num">{esc(size_text(stage.get("peak_memory_bytes")))}</td>'
+            f'<td class="num">{esc(size_text(sends[0]))} / {esc(size_text(sends[1]))}</td></tr>'
+        )
+    microbatches = count_text(pipeline.get("microbatches"))
+    size = count_text(pipeline.get("microbatch_size"))
+    return (
+        f"<h3>Pipeline stages</h3><p>{esc(str(pipeline.get('schedule', DASH)))}, {esc(microbatches)} "
+        f"micro-batches of {esc(size)} sequences along "
+        f"<code>{esc(str(pipeline.get('axis', 'pp')))}</code>.</p>"
+        '<table class="stages"><thead><tr><th>stage</th><th>layers</th><th>ranks</th><th>bubble</th>'
+        "<th>peak memory</th><th>sent per micro-batch, forward / backward</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _collectives(predicted: dict[str, Any]) -> str:

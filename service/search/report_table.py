@@ -89,7 +89,7 @@ def _row(candidate: dict[str, Any], unit: str) -> str:
         f'<td class="num">{count_text(rank)}</td>',
         f"<td><code>{esc(candidate.get('id', DASH))}</code></td>",
         f'<td class="nowrap">{esc(keys["mesh"])}</td>',
-        f'<td class="nowrap">{esc(keys["axes"])}</td>',
+        f'<td class="nowrap">{esc(keys["axes"])}{_pipeline_note(candidate)}</td>',
         f'<td class="num">{count_text(keys["batch"])}</td>',
         f'<td><span class="badge {_status_class(status)}">{esc(status)}</span></td>',
     ]
@@ -97,6 +97,18 @@ def _row(candidate: dict[str, Any], unit: str) -> str:
     cells.append(f'<td class="num">{esc(seconds_text(candidate.get("seconds")))}</td>')
     winner = " winner" if rank == 1 else ""
     return f'<tr class="row-{_status_class(status)}{winner}" {data}>{"".join(cells)}</tr>'
+
+
+def _pipeline_note(candidate: dict[str, Any]) -> str:
+    """A pipeline's schedule under its axes: what the ``pp`` axis runs."""
+    pipeline = mapping(candidate, "pipeline")
+    if not pipeline:
+        return ""
+    chunks = number(pipeline.get("chunks")) or 1
+    per_rank = f", {count_text(chunks)} stages per rank" if chunks > 1 else ""
+    microbatches = count_text(pipeline.get("microbatches"))
+    text = f"{pipeline.get('schedule', DASH)}, {microbatches} micro-batches{per_rank}"
+    return f'<br><small class="pipeline">{esc(text)}</small>'
 
 
 def _figures(candidate: dict[str, Any], status: str, unit: str, certificate: dict[str, Any]) -> list[str]:

@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from service.search.candidates import DEFAULT_MESH_DIMS, Candidate
+from service.search.candidates import DEFAULT_MESH_DIMS, Candidate, check_axis_limits
 from strategies.plan.planner import DEFAULT_GAP, PlanRequest
 from strategies.problem.recompute import check_policy
 
@@ -36,6 +36,8 @@ class SearchRequest:
     """Sequence length of a language model (``None``: the planner's default); ignored by models without."""
     max_mesh_dims: int = DEFAULT_MESH_DIMS
     """Mesh axes at most; 4 adds pipelines (``pp, dp, cp, tp``)."""
+    axis_limits: dict[str, int] = field(default_factory=dict)
+    """The largest size of an axis by role (``{"tp": 8}``); meshes with a larger one are not tried."""
     executor: str = "local"
     """``local`` (a process pool) or ``ray``."""
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -74,6 +76,7 @@ class SearchRequest:
         if self.budget_s is not None and self.budget_s <= 0:
             raise ValueError(f"budget_s: must be positive, got {self.budget_s}")
         check_policy(self.recompute)
+        check_axis_limits(self.axis_limits)
         if self.compute_dtype is not None:
             from strategies.tensor_meta import parse_compute_dtype
 

@@ -43,7 +43,9 @@ class QuietListener:
 
 
 def search_candidates(request: SearchRequest) -> list[Candidate]:
-    return make_candidates(request.devices, request.batch_sizes, sequence_of(request), request.max_mesh_dims)
+    return make_candidates(
+        request.devices, request.batch_sizes, sequence_of(request), request.max_mesh_dims, request.axis_limits
+    )
 
 
 def run_search(

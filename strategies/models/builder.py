@@ -102,6 +102,28 @@ def build_model(
         return MODELS[name](batch=batch, seq=seq, device=device, layers=layers, **options)
 
 
+def factory_batch(spec: ModelSpec) -> int:
+    """The batch of a model's example inputs: the first dim of their first tensor."""
+    from strategies.graph.capture import input_tensors
+
+    tensors = input_tensors(spec.example_inputs)
+    if not tensors or tensors[0].dim() == 0:
+        raise ValueError("batch: the model's example inputs have no batch dim to split")
+    return int(tensors[0].shape[0])
+
+
+def first_rows(spec: ModelSpec, rows: int) -> ModelSpec:
+    """A model on the first ``rows`` of its example inputs (a pipeline's micro-batch of a factory's batch;
+    every tensor's first dim is the batch)."""
+    from torch.utils._pytree import tree_map
+
+    batch = factory_batch(spec)
+    if rows > batch or batch % rows:
+        raise ValueError(f"batch: {rows} does not divide the factory's batch of {batch}")
+    inputs = tree_map(lambda t: t[:rows] if isinstance(t, torch.Tensor) else t, spec.example_inputs)
+    return dataclasses.replace(spec, example_inputs=inputs)
+
+
 def load_model(model: str, **build: Any) -> ModelSpec:
     """A built-in model by name (``build`` as for :func:`build_model`), or a user's ``path/file.py:factory``
     (``build`` is ignored: the factory fixes its own shapes)."""

@@ -44,7 +44,13 @@ class StageCost:
     activation_bytes: float = 0.0
     """What its forward leaves alive for its backward."""
     send_bytes: float = 0.0
-    """The activation it sends to the next stage (and the gradient the next stage sends back)."""
+    """What it sends to the next stage (activations)."""
+    gradient_bytes: float | None = None
+    """What the next stage sends back to it (the activations' gradients); None: ``send_bytes``."""
+
+    @property
+    def returned_bytes(self) -> float:
+        return self.send_bytes if self.gradient_bytes is None else self.gradient_bytes
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,7 @@ def simulate(
                 progressed = True
         if not progressed:
             raise AssertionError(f"{schedule}: the ranks' orders wait on each other")
-    sent = 2.0 * microbatches * sum(stage.send_bytes for stage in stages[:-1])
+    sent = microbatches * sum(stage.send_bytes + stage.returned_bytes for stage in stages[:-1])
     return PipelineStep(max(free), tuple(busy), tuple(peak), tuple(peak_bytes), sent)
 
 
@@ -199,7 +205,7 @@ def _ready(
     if s == last:
         return own
     after = done.get(Action(BACKWARD, s + 1, i))
-    return None if after is None else max(own, after + links[s].seconds(stages[s].send_bytes))
+    return None if after is None else max(own, after + links[s].seconds(stages[s].returned_bytes))
 
 
 def balance(layer_s: Sequence[float], stages: int, first_s: float = 0.0, last_s: float = 0.0) -> list[range]:

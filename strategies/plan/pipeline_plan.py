@@ -20,8 +20,8 @@ embedding's share aside); the stage peaks reported are the pipeline's own, from 
 The plan JSON is the micro-batch plan's (placements over the axes after ``pp``) with the whole mesh, a
 ``pipeline`` block (stages: layer ranges and ranks; schedule; micro-batches; per-stage bubble and peak) and
 ``predicted`` for the whole step (``step_time_s``, ``bubble_s``, ``peak_memory_bytes``, model FLOPs
-utilisation); the micro-batch plan's own figures under ``pipeline.microbatch``. The runtime does not run
-such plans yet (issue 28, point 3): it refuses them.
+utilisation); the micro-batch plan's own figures under ``pipeline.microbatch``; ``pipeline.stage_mesh`` and
+each stage's ``send_bytes`` are what the runtime (:mod:`runtime.pipeline_step`) builds and sends.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def plan_pipeline(
     plans each micro-batch on the other axes (the planner's, handed over: it calls this module)."""
     started = time.perf_counter()
     stages, rest_shape, rest_names = _split(mesh, request)
-    batch = request.batch or DEFAULT_BATCH
+    batch = _batch(request)
     counts = _microbatch_counts(request.microbatches, stages, batch)
     schedules = _schedules(request.schedule)
     limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
@@ -89,7 +89,8 @@ def plan_pipeline(
             least_peak = min(least_peak, error.min_peak or math.inf)
             continue
         chosen = np.asarray(outcome.result.solution, dtype=np.int64)
-        profile = layer_profile(outcome.built, chosen, outcome.plan["predicted"]["step_time_s"])
+        micro = outcome.plan["predicted"]
+        profile = layer_profile(outcome.built, chosen, micro["step_time_s"], micro["peak_memory_bytes"])
         link = stage_link(outcome.built, stages)
         for schedule, chunks in _schedule_shapes(schedules, stages, m, len(profile.layers)):
             predicted = predict_pipeline(profile, stages, m, schedule, link, chunks)
@@ -110,6 +111,15 @@ def plan_pipeline(
     plan["request"] = request_record(request)
     plan["timings"] = {**plan.get("timings", {}), "total": time.perf_counter() - started}
     return PlanOutcome(plan, outcome.built, outcome.result, outcome.timings)
+
+
+def _batch(request: PlanRequest) -> int:
+    """The step's batch: the request's, or a factory's own (its micro-batches are its first rows)."""
+    if request.batch is not None or ":" not in request.model:
+        return request.batch or DEFAULT_BATCH
+    from strategies.models.builder import factory_batch, load_model
+
+    return factory_batch(load_model(request.model))
 
 
 def _split(mesh: Mesh, request: PlanRequest) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
@@ -186,6 +196,7 @@ def _pipeline_plan(
     plan["mesh"] = {**micro["mesh"], "shape": list(mesh.shape), "axis_names": list(mesh.axis_names)}
     plan["pipeline"] = {
         "axis": PIPELINE_AXIS,
+        "stage_mesh": {key: micro["mesh"][key] for key in ("shape", "axis_names")},
         "schedule": predicted.schedule,
         "microbatches": predicted.microbatches,
         "microbatch_size": batch // predicted.microbatches,
@@ -196,6 +207,7 @@ def _pipeline_plan(
                 "ranks": [(k % ranks) * per_stage, (k % ranks + 1) * per_stage],
                 "bubble_s": predicted.bubble_s[k % ranks],
                 "peak_memory_bytes": int(predicted.peak_bytes[k % ranks]),
+                "send_bytes": list(predicted.cut_bytes[k]) if k < len(predicted.cut_bytes) else [0.0, 0.0],
             }
             for k, layers in enumerate(predicted.stages)
         ],

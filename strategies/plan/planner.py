@@ -368,14 +368,24 @@ def capture_request(
     training step captured and rewritten as the planner plans it: the runtime captures the same graph.
     ``depth`` is said after the model's name (``" (4 of its 32 layers)"``)."""
     say = say or (lambda message: None)
-    if ":" in request.model:
+    factory = ":" in request.model
+    if factory:
         say(f"building {request.model} (the factory fixes its device, shapes and dtype)")
-        ignored = [name for name in ("batch", "seq", "layers") if getattr(request, name) is not None]
+        ignored = [name for name in ("seq", "layers") if getattr(request, name) is not None]
         if ignored:
             say(f"  ignored for a factory model: {', '.join(ignored)}")
     else:
         say(f"building {request.model}{depth} on the {device} device")
     spec = build_request_model(request, request.model, layers, device)
+    from strategies.models.builder import factory_batch, first_rows
+
+    if factory and request.batch is not None:
+        own = factory_batch(spec)
+        if request.batch < own and own % request.batch == 0:  # a pipeline's micro-batch of the factory's
+            say(f"  the first {request.batch} of the factory's {own} rows")
+            spec = first_rows(spec, request.batch)
+        elif request.batch != own:
+            say(f"  ignored for a factory model: batch {request.batch} (its own is {own})")
     say("capturing the joint forward + backward graph")
     return capture_for_planning(spec.module, spec.example_inputs, spec.loss_fn, compute_dtype(request)), spec
 

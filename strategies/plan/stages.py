@@ -15,9 +15,12 @@ one plan of the whole model on those axes, at the size of one micro-batch, gives
   bytes its forward leaves for its backward (the values alive across the start of the backward) and its
   parameters' bytes (with their gradients and optimizer state).
 - :func:`predict_pipeline` cuts the layers into stages (:func:`~strategies.plan.pipeline.balance`), prices the
-  send between neighbouring stages (the value that crosses a layer boundary, over the link between the
-  stages' ranks), simulates the schedule over the micro-batches and gives the step, each stage's bubble and
-  each stage's peak memory: its parameters' share, the activations of the micro-batches it holds at once.
+  sends between neighbouring stages (every value read beyond the cut, in its planned placement, handed on
+  stage to stage: the residual stream and what every layer reads, forward; their gradients, backward; over
+  the link between the stages' ranks), simulates the schedule over the micro-batches and gives the step, each
+  stage's bubble and each stage's peak memory: its parameters' share, the activations of the micro-batches it
+  holds at once and the plan's working memory at its peak (what it holds beyond parameters and kept
+  activations).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strategies.cost.comm import local_numel
 from strategies.cost.hardware import Link as HardwareLink
 from strategies.plan.pipeline import Link, StageCost, balance, simulate
 from strategies.problem.builder import PARAMETER_KINDS, BuiltProblem
+from strategies.problem.stage_groups import FIRST, LAST, Group, crossed_cuts, stage_of_group
 
-FIRST, LAST = "first", "last"
 ACTIVATION_KINDS = ("op", "kept", "held")
 
 
@@ -43,25 +47,66 @@ class LayerCost:
 
 
 @dataclass(frozen=True)
+class Crossing:
+    """A value read in other groups than the one making it (:mod:`strategies.problem.stage_groups`): those
+    groups and its bytes per device. A pipeline hands it over every cut between them."""
+
+    producer: Group
+    readers: tuple[Group, ...]
+    nbytes: float
+
+
+@dataclass(frozen=True)
 class LayerProfile:
     """One micro-batch's step split by layer: ``layers`` of the full stack in order, and what runs outside
-    every layer on the first stage (``first``) and on the last (``last``); ``boundary_bytes``: the value one
-    layer hands the next, per device."""
+    every layer on the first stage (``first``) and on the last (``last``); ``crossings``: the values read
+    outside their own layer (``captured``: the layers of the capture they name, the full stack's unless the
+    capture repeats a layer for the others)."""
 
     layers: tuple[LayerCost, ...]
     first: LayerCost
     last: LayerCost
-    boundary_bytes: float
+    crossings: tuple[Crossing, ...]
+    captured: tuple[int, ...]
+    working_bytes: float = 0.0
+    """What the plan's peak holds beyond its parameters and the activations kept for the backward (values
+    in flight at that moment: a layer's recomputation, gradients being made): a stage's peak has it too."""
+
+    def cut_bytes(self, stages: list[range]) -> list[tuple[float, float]]:
+        """Per cut between neighbouring ``stages`` (full-stack layers), the bytes per device one micro-batch
+        sends over it: forward (activations) and backward (their gradients). A capture that repeats a layer
+        for the others cuts as its first two layers cut, at every cut."""
+        if len(stages) < 2:
+            return []
+        if len(self.captured) < len(self.layers):
+            first, rest = self.captured[0], self.captured[1:]
+            return self._crossed([range(first, first + 1), range(rest[0], rest[-1] + 1)]) * (len(stages) - 1)
+        return self._crossed(stages)
+
+    def _crossed(self, stages: list[range]) -> list[tuple[float, float]]:
+        forward = [0.0] * (len(stages) - 1)
+        backward = [0.0] * (len(stages) - 1)
+        for crossing in self.crossings:
+            made = stage_of_group(crossing.producer, stages)
+            read = [stage_of_group(group, stages) for group in crossing.readers]
+            ahead, behind = crossed_cuts(made, read)
+            for cut in ahead:
+                forward[cut] += crossing.nbytes
+            for cut in behind:
+                backward[cut] += crossing.nbytes
+        return list(zip(forward, backward, strict=True))
 
 
-def layer_profile(built: BuiltProblem, chosen: np.ndarray, step_time_s: float) -> LayerProfile:
+def layer_profile(
+    built: BuiltProblem, chosen: np.ndarray, step_time_s: float, peak_bytes: float | None = None
+) -> LayerProfile:
     """The profile of the module docstring for the plan ``chosen`` of ``built`` whose simulated step is
-    ``step_time_s`` (its ``predicted.step_time_s``)."""
+    ``step_time_s`` and whose predicted peak is ``peak_bytes`` (its ``predicted``)."""
     from strategies.plan.plan_json import plan_moves
 
-    if built.node_layer is None or built.backward_start is None:
+    if built.node_layer is None or built.backward_start is None or built.op_group is None:
         raise ValueError("pipeline: the graph has no module paths, so its layers cannot be cut into stages")
-    layer_of, back = built.node_layer, built.backward_start
+    layer_of, back, op_group = built.node_layer, built.backward_start, built.op_group
     captured = sorted({layer for layer in layer_of if layer is not None})
     if len(captured) < 2:
         raise ValueError("pipeline: the model has fewer than two layers to cut into stages")
@@ -74,10 +119,23 @@ def layer_profile(built: BuiltProblem, chosen: np.ndarray, step_time_s: float) -
     weight = built.node_weights()
     keys = [*captured, FIRST, LAST]
     fwd, bwd, act, par = ({key: 0.0 for key in keys} for _ in range(4))
+    counted = 0.0  # the parameters' memory as the plan counts it (a stage's share)
+    neighbour: dict[
+        int, int
+    ] = {}  # a parameter's first reader, a gradient's maker: the op whose stage holds it
+    for edge in built.edges:
+        if built.nodes[edge.producer].kind in PARAMETER_KINDS:
+            neighbour.setdefault(edge.producer, edge.consumer)
+        if built.nodes[edge.consumer].kind in PARAMETER_KINDS:
+            neighbour.setdefault(edge.consumer, edge.producer)
 
-    def group(i: int) -> int | str:
+    def group(i: int) -> Group:
+        if built.nodes[i].kind == "op":
+            return op_group[built.nodes[i].name]
         if layer_of[i] is not None:
             return layer_of[i]  # type: ignore[return-value]
+        if i in neighbour and built.nodes[neighbour[i]].kind == "op":
+            return op_group[built.nodes[neighbour[i]].name]
         forward = starts[i] <= back
         return (
             FIRST
@@ -93,6 +151,7 @@ def layer_profile(built: BuiltProblem, chosen: np.ndarray, step_time_s: float) -
         start, end = built.problem.intervals[i]
         nbytes = float(node.memory_bytes[chosen[i]])
         if node.kind in PARAMETER_KINDS:
+            counted += nbytes
             par[key] += nbytes / built.parameter_memory_share  # the whole parameter, not a stage's share
         elif node.kind in ACTIVATION_KINDS and start <= back < end:
             act[key] += nbytes
@@ -117,21 +176,33 @@ def layer_profile(built: BuiltProblem, chosen: np.ndarray, step_time_s: float) -
     layers = [cost(captured[0])]
     layers += [cost(middle[j % len(middle)], share) for j in range(full - 2)] if middle else []
     layers.append(cost(captured[-1]))
-    return LayerProfile(tuple(layers), cost(FIRST), cost(LAST), _boundary_bytes(built, chosen, captured[0]))
+    held = sum(layer.activation_bytes for layer in layers) + act[FIRST] + act[LAST]
+    working = max(0.0, peak_bytes - counted - held) if peak_bytes is not None else 0.0
+    return LayerProfile(
+        tuple(layers), cost(FIRST), cost(LAST), _crossings(built, chosen, op_group), tuple(captured), working
+    )
 
 
-def _boundary_bytes(built: BuiltProblem, chosen: np.ndarray, first_layer: int) -> float:
-    """Per-device bytes of the forward value entering the first layer from outside every layer (the
-    embedding's output: the residual stream one stage hands the next)."""
-    layer_of, back = built.node_layer or [], built.backward_start or 0
-    largest = 0.0
+def _crossings(built: BuiltProblem, chosen: np.ndarray, op_group: dict[str, Group]) -> tuple[Crossing, ...]:
+    """Every op output read by an op of another group, in its chosen placement (what a stage sends)."""
+    readers: dict[tuple[int, int], set[Group]] = {}
     for edge in built.edges:
-        producer, consumer = edge.producer, edge.consumer
-        enters = layer_of[producer] is None and layer_of[consumer] == first_layer
-        forward = built.problem.intervals[consumer][0] <= back and built.nodes[producer].kind == "op"
-        if enters and forward:
-            largest = max(largest, float(built.nodes[producer].memory_bytes[chosen[producer]]))
-    return largest
+        producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
+        if producer.kind != "op" or consumer.kind != "op":
+            continue
+        made, read = op_group[producer.name], op_group[consumer.name]
+        if made != read:
+            readers.setdefault((edge.producer, edge.output), set()).add(read)
+    crossings = []
+    for (index, output), groups in readers.items():
+        node = built.nodes[index]
+        meta = node.outputs[output]
+        assert meta is not None
+        spec = tuple(int(code) for code in node.output_specs[chosen[index], output])
+        nbytes = local_numel(tuple(meta.shape), spec, built.mesh.shape) * meta.itemsize
+        order = sorted(groups, key=str)
+        crossings.append(Crossing(op_group[node.name], tuple(order), float(nbytes)))
+    return tuple(crossings)
 
 
 def stage_link(built: BuiltProblem, stages: int) -> Link:
@@ -159,6 +230,9 @@ class PipelinePrediction:
     """Per slice: its stages' parameters (with their gradients and optimizer state) and the activations it
     holds at its peak."""
     send_bytes: float
+    cut_bytes: tuple[tuple[float, float], ...] = ()
+    """Per cut between stages ``k`` and ``k + 1``: what one micro-batch sends over it per device, forward and
+    backward."""
 
 
 def predict_pipeline(
@@ -172,6 +246,7 @@ def predict_pipeline(
     first_s = profile.first.forward_s + profile.first.backward_s
     last_s = profile.last.forward_s + profile.last.backward_s
     cuts = balance(layer_s, ranks * chunks, first_s, last_s)
+    sends = profile.cut_bytes(cuts)
     costs: list[StageCost] = []
     parameters = [0.0] * ranks
     for k, layers in enumerate(cuts):
@@ -183,7 +258,8 @@ def predict_pipeline(
                 forward_s=sum(p.forward_s for p in parts),
                 backward_s=sum(p.backward_s for p in parts),
                 activation_bytes=sum(p.activation_bytes for p in parts),
-                send_bytes=profile.boundary_bytes if k < len(cuts) - 1 else 0.0,
+                send_bytes=sends[k][0] if k < len(sends) else 0.0,
+                gradient_bytes=sends[k][1] if k < len(sends) else 0.0,
             )
         )
         parameters[k % ranks] += sum(p.parameter_bytes for p in parts)
@@ -195,12 +271,16 @@ def predict_pipeline(
         chunks=chunks,
         step_s=step.step_s,
         bubble_s=tuple(step.step_s - busy for busy in step.busy_s),
-        peak_bytes=tuple(p + a for p, a in zip(parameters, step.peak_activation_bytes, strict=True)),
+        peak_bytes=tuple(
+            p + a + profile.working_bytes for p, a in zip(parameters, step.peak_activation_bytes, strict=True)
+        ),
         send_bytes=step.send_bytes,
+        cut_bytes=tuple(sends),
     )
 
 
 __all__ = [
+    "Crossing",
     "LayerCost",
     "LayerProfile",
     "PipelinePrediction",

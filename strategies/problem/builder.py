@@ -70,6 +70,7 @@ from strategies.problem.recompute import (
     find_candidates,
 )
 from strategies.problem.recompute import NONE as NO_RECOMPUTE
+from strategies.problem.stage_groups import Group, op_groups, stage_paths
 from strategies.tensor_meta import TensorMeta, flatten_outputs
 
 if TYPE_CHECKING:
@@ -168,9 +169,12 @@ class BuiltProblem:
     recompute_closures: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Per op that may be recomputed, the ops of its closure (made again with it)."""
     node_layer: list[int | None] | None = None
-    """Each node's captured layer by its own module path (`_stage_paths`: the head and the final norm outside
-    every layer, where the layer ties give them the last layer's), None outside every layer; None without
-    module paths. What a pipeline's stages are cut by (:mod:`strategies.plan.stages`)."""
+    """Each node's captured layer by its own module path (`stage_groups.stage_paths`: the head and the final
+    norm outside every layer, where the layer ties give them the last layer's), None outside every layer; None
+    without module paths. What a pipeline's stages are cut by (:mod:`strategies.plan.stages`)."""
+    op_group: dict[str, Group] | None = None
+    """Each op's place in the stack of layers by name (:mod:`strategies.problem.stage_groups`); None without
+    module paths or layers."""
     backward_start: int | None = None
     """The timeline position where the backward begins (ops at or before it are the forward's)."""
     parameter_memory_share: float = 1.0
@@ -511,7 +515,14 @@ def build_problem(
     built.recompute_edges = extra
     built.recompute_closures = {w: tuple(index_of[n] for n in c.closure) for w, c in recomputed.items()}
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
-    built.node_layer = node_layers(b.nodes, _stage_paths(order, module_path)) if module_path else None
+    built.node_layer = node_layers(b.nodes, stage_paths(order, module_path)) if module_path else None
+    if (
+        module_path
+        and backward_start is not None
+        and built.node_layer
+        and any(layer is not None for layer in built.node_layer)
+    ):
+        built.op_group = op_groups(order, module_path, backward_start)
     built.parameter_memory_share = parameter_memory_share
     built.backward_start = backward_start
     return built
@@ -782,22 +793,6 @@ def _inherit_layer_paths(order: list[torch.fx.Node], module_path: Mapping[str, s
         inherited = [s for s in sources if layer_of(paths.get(s.name, "")) is not None]
         if own or inherited:
             paths[node.name] = paths[(own or inherited)[0].name]
-    return paths
-
-
-def _stage_paths(order: list[torch.fx.Node], module_path: Mapping[str, str]) -> dict[str, str]:
-    """Module paths for cutting the model into stages: a node's own path where it has one, inside a layer or
-    not (the output head and the final norm stay outside every layer: `_inherit_layer_paths` gives them the
-    last layer's, to tie it), else its first argument's (the loss after the head, autograd's casts)."""
-    paths: dict[str, str] = {}
-    for node in order:
-        own = module_path.get(node.name, "")
-        if own:
-            paths[node.name] = own
-            continue
-        source = next((s for s in node.all_input_nodes if paths.get(s.name)), None)
-        if source is not None:
-            paths[node.name] = paths[source.name]
     return paths
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.search.candidates import make_candidates, mesh_shapes
+from service.search.candidates import make_candidates, mesh_shapes, parse_axis_limits
 
 
 def test_every_ordered_factorisation_into_one_to_three_axes() -> None:
@@ -44,3 +44,19 @@ def test_four_axes_are_a_pipeline_and_only_with_batches_its_stages_divide() -> N
     assert all(c.axis_names == ("pp", "dp", "cp", "tp") and c.batch % c.mesh[0] == 0 for c in four)
     assert ((4, 2, 2, 2), 2) not in {(c.mesh, c.batch) for c in four}  # 2 sequences cannot fill 4 stages
     assert len(four) == 7
+
+
+def test_axis_limits_leave_out_the_meshes_with_a_larger_axis_of_that_role() -> None:
+    every = make_candidates(64, [64], seq=None, max_dims=3)
+    kept = make_candidates(64, [64], seq=None, max_dims=3, axis_limits=parse_axis_limits("tp=8"))
+    assert {c.mesh for c in kept} == {
+        c.mesh for c in every if dict(zip(c.axis_names, c.mesh, strict=True)).get("tp", 1) <= 8
+    }
+    assert (64,) in {c.mesh for c in kept} and (2, 32) not in {c.mesh for c in kept}
+    assert (4, 2, 8) in {c.mesh for c in kept} and (2, 2, 16) not in {c.mesh for c in kept}
+    with pytest.raises(ValueError, match="'xp' is not an axis"):
+        parse_axis_limits("xp=8")
+    with pytest.raises(ValueError, match="write NAME=SIZE"):
+        parse_axis_limits("tp8")
+    with pytest.raises(ValueError, match="no mesh of 64 devices"):
+        make_candidates(64, [64], seq=None, max_dims=1, axis_limits={"dp": 8})

@@ -4,6 +4,7 @@ results say whether the top row is proven best."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,13 @@ def test_a_four_axis_search_plans_pipelines_as_planning_them_alone(tmp_path: Pat
     alone = plan_model(request.plan_request(candidate)).plan
     assert pipelined["step_time_s"] == pytest.approx(alone["predicted"]["step_time_s"], rel=1e-6)
     assert all(r["pipeline"] is None for mesh, r in rows.items() if len(mesh) < 4)
+    # the report: the schedule under a pipeline's axes; its stages where it is shown as the winner
+    from service.search.report import render_report
+    from service.search.report_plan import winner_section
+
+    shown = pipelined["pipeline"]
+    assert f"{shown['schedule']}, {shown['microbatches']} micro-batches" in render_report(results, tmp_path)
+    plan = json.loads((tmp_path / pipelined["plan_file"]).read_text())
+    section = winner_section(pipelined, plan, None, "tokens/s")
+    assert "Pipeline stages" in section
+    assert section.count('<tr><td class="num">') == len(plan["pipeline"]["stages"])

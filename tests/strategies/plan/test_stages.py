@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime.plan_checks import PlanMismatch, check_plan
+from runtime.plan_checks import PlanMismatch, check_plan, run_mesh
 from service.plan_view import summary
 from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, Link
 from strategies.plan.planner import PlanOutcome, PlanRequest, plan_model
@@ -57,8 +57,12 @@ def test_the_layers_split_the_plans_step_and_the_head_sits_outside_them(
         assert layer.activation_bytes > 0
     assert profile.first.parameter_bytes > 0  # the embedding
     assert profile.last.forward_s > 0 and profile.last.backward_s > 0  # the head and the loss
-    # the residual stream of the micro-batch as the plan holds it, whole or split over the two devices
-    assert profile.boundary_bytes in (8 * 32 * 64 * 4, 8 * 32 * 64 * 4 / 2)
+    # over a cut: the residual stream of the micro-batch as the plan holds it (whole or split over the two
+    # devices) and the rotary table every layer reads, forward; the stream's gradient, backward
+    (forward, backward), *_ = profile.cut_bytes([range(0, 3), range(3, 6)])
+    assert backward in (8 * 32 * 64 * 4, 8 * 32 * 64 * 4 / 2)
+    assert backward < forward <= backward + 32 * 64 * 4
+    assert profile.cut_bytes([range(0, 2), range(2, 4), range(4, 6)]) == [(forward, backward)] * 2
 
 
 def test_one_stage_of_one_micro_batch_is_the_plan_itself(repeated: PlanOutcome) -> None:
@@ -75,8 +79,10 @@ def test_stages_cut_every_layer_once_and_1f1b_holds_less_than_gpipe(repeated: Pl
     gpipe = predict_pipeline(profile, 3, 6, GPIPE, Link(1e9, 1e-5))
     assert [layer for stage in one_f_one_b.stages for layer in stage] == list(range(6))
     assert one_f_one_b.peak_bytes[0] < gpipe.peak_bytes[0]
-    # 2 x 5 sends of the residual stream between 3 stages per micro-batch... forward and back, 6 micro-batches
-    assert one_f_one_b.send_bytes == pytest.approx(2 * 6 * 2 * profile.boundary_bytes)
+    # two cuts, each crossed forward and back by each of the 6 micro-batches
+    cuts = profile.cut_bytes(list(one_f_one_b.stages))
+    assert len(cuts) == 2 and one_f_one_b.cut_bytes == tuple(cuts)
+    assert one_f_one_b.send_bytes == pytest.approx(6 * sum(forward + backward for forward, backward in cuts))
     assert all(bubble > 0 for bubble in one_f_one_b.bubble_s)
 
 
@@ -123,9 +129,21 @@ def test_a_pp_axis_plans_stages_of_the_plan_on_the_other_axes(pipelined: PlanOut
     assert f"  stage {len(stages) - 1}: layers" in text
 
 
-def test_the_runtime_refuses_a_pipeline_plan(pipelined: PlanOutcome) -> None:
-    with pytest.raises(PlanMismatch, match="stages along 'pp'; this runtime does not run pipeline stages"):
-        check_plan(pipelined.plan)
+def test_a_pipeline_plan_runs_on_its_pp_axis_and_its_stages_mesh(pipelined: PlanOutcome) -> None:
+    plan = pipelined.plan
+    assert plan["pipeline"]["stage_mesh"] == {"shape": [2], "axis_names": ["dp"]}
+    check_plan(plan, (2, 2))
+    assert run_mesh(plan) == ((2, 2), ("pp", "dp"))
+    with pytest.raises(PlanMismatch, match=r"mesh: the plan is for a mesh of shape \[2, 2\], not \[4\]"):
+        check_plan(plan, (4,))
+    # a pp-only mesh: each stage on one device
+    alone = {"shape": [1], "axis_names": ["dp"]}
+    pp_only = {
+        **plan,
+        "mesh": {"shape": [4], "axis_names": ["pp"]},
+        "pipeline": {"axis": "pp", "stage_mesh": alone},
+    }
+    assert run_mesh(pp_only) == ((4, 1), ("pp", "dp"))
 
 
 def test_interleaving_stages_on_each_rank_group_shrinks_the_bubble(repeated: PlanOutcome) -> None:

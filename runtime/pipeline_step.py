@@ -1,0 +1,473 @@
+"""A training step of a pipeline plan: this rank's stages, run in the plan's schedule over micro-batches.
+
+A pipeline plan (``plan["pipeline"]``) is one plan of the whole model at the size of a micro-batch on the
+mesh's axes after ``pp``, its layers cut into stages (:mod:`strategies.plan.pipeline_plan`). Each rank holds
+the stages of its slice of the ``pp`` axis and runs them on its *stage mesh* (the other axes), every op in the
+plan's placements, as :class:`runtime.planned_step.PlannedStep` runs a whole step:
+
+- which stage runs an op is the planner's rule (:mod:`strategies.problem.stage_groups`), so the stages are
+  the ones priced; a stage holds only the parameters its ops read;
+- the actions are the schedule's, in the order the planner simulated (:func:`strategies.plan.pipeline.
+  rank_orders`: ``gpipe``, ``1f1b``, ``interleaved-1f1b`` as ``torch.distributed.pipelining`` orders them):
+  a forward runs a stage's forward ops on one micro-batch, a backward its backward ops (and the
+  recomputations the plan makes there);
+- what crosses a cut goes as ``torch.distributed.pipelining`` hands a stage's outputs to the next: every value
+  read beyond the cut is sent over it, forward with the forward, and what an earlier stage's backward reads
+  (the activations' gradients) back with the backward; each rank sends its local piece, in the producing
+  op's planned placements, to the rank at its coordinate of the neighbouring stage (point-to-point on the
+  ``pp`` group), so the bytes are the plan's ``send_bytes``;
+- the gradients of the micro-batches add up and are divided by their count (the step's loss is the mean of
+  the micro-batches' losses, as one process's mean over the batch when they are equal); the loss is sent
+  from the last stage to every rank.
+
+Not yet: random ops (dropout) in a pipeline, a parameter read on two ranks' stages (tied embeddings: untie
+them), short captures of deep models, inputs given as each rank's part.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import fx
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate
+
+from runtime import random_ops
+from runtime.parameter_shards import local_part
+from runtime.plan_checks import Placements, PlanMismatch
+from runtime.plan_specs import release_mask
+from runtime.planned_step import Deviation, LiveBytes, PlannedStep, StepResult, redistribute
+from runtime.recomputation import Entry
+from strategies.graph.capture import JointGraph
+from strategies.placement import to_dtensor
+from strategies.plan.pipeline import FORWARD, Action, rank_orders
+from strategies.problem.stage_groups import crossed_cuts, op_groups, stage_of_group
+
+AHEAD, BACK = 0, 1
+"""Directions over a cut: with the forward, with the backward."""
+
+
+@dataclass
+class StageWork:
+    """One stage's ops and what it receives and sends, per micro-batch."""
+
+    forward: list[Entry] = field(default_factory=list)
+    backward: list[Entry] = field(default_factory=list)
+    receives: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
+    """Received before its forward (over the cut before it), before its backward (over the cut after it)."""
+    sends: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
+    """Sent after its forward (over the cut after it), after its backward (over the cut before it)."""
+    drops: tuple[list[list[fx.Node]], list[list[fx.Node]]] = field(default_factory=lambda: ([], []))
+    """Per forward / backward entry, the values whose last use on this stage it is."""
+    after_sends: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
+    """Values that go once the forward's / the backward's sends are made."""
+
+
+@dataclass
+class PipelineMeasure:
+    """What one step of this rank measured: seconds per action kind and stage, bytes sent."""
+
+    forward_s: dict[int, float] = field(default_factory=dict)
+    backward_s: dict[int, float] = field(default_factory=dict)
+    waited_s: float = 0.0
+    """Waiting for what another rank sends (idle, not the stage's time)."""
+    sent_bytes: int = 0
+    step_s: float = 0.0
+
+
+class PipelineStep:
+    """This rank's stages of a pipeline plan ``plan`` on ``mesh`` (its first axis ``pp``), the step captured
+    at the micro-batch size as ``graph``."""
+
+    def __init__(self, graph: JointGraph, plan: Mapping[str, Any], mesh: DeviceMesh) -> None:
+        pipeline = plan["pipeline"]
+        if "layers" in plan:
+            raise PlanMismatch("pipeline: a plan of a short capture does not run as a pipeline yet")
+        drawn = random_ops.random_ops(graph.order)
+        if drawn:
+            raise PlanMismatch(
+                f"pipeline: the step draws random numbers ({', '.join(drawn)}), which a pipeline does not "
+                "yet draw as one process does: turn dropout off, or plan without a pp axis"
+            )
+        self.mesh, self.stage_mesh = mesh, stage_mesh(mesh)
+        self.group = mesh.get_group(0)
+        self.ranks, self.rank = mesh.size(0), mesh.get_local_rank(0)
+        self.stages = [range(*stage["layers"]) for stage in pipeline["stages"]]
+        self.microbatches, self.microbatch_size = pipeline["microbatches"], pipeline["microbatch_size"]
+        self.order: list[Action] = rank_orders(
+            pipeline["schedule"], self.ranks, self.microbatches, pipeline.get("chunks", 1)
+        )[self.rank]
+        self.own = sorted({action.stage for action in self.order})
+        micro = {key: value for key, value in plan.items() if key != "pipeline"}
+        micro["mesh"] = {
+            **plan["mesh"],
+            "shape": list(self.stage_mesh.shape),
+            "axis_names": list(self.stage_mesh.mesh_dim_names or ()),
+        }
+        self.inner = PlannedStep(graph, micro, self.stage_mesh)
+        self.graph = graph
+        self.stage_of = self._stages_of_ops()
+        self.work = self._work()
+        self.parameter_placements = {
+            name: placements
+            for name, placements in self.inner.parameter_placements.items()
+            if self._reading_stages(graph.parameters[name]) & set(self.own)
+        }
+        self.inner.moved_once = {  # a value another stage reads goes in its planned placements, not moved
+            key for key in self.inner.moved_once if not self._crosses(key[0])
+        }
+        self.widest = max((len(w.sends[d]) for w in self.work for d in (AHEAD, BACK)), default=0) or 1
+        self.measured = PipelineMeasure()
+
+    # what runs where ------------------------------------------------------------------------------------
+
+    def _stages_of_ops(self) -> dict[fx.Node, int]:
+        groups = op_groups(self.graph.order, self.graph.module_path, self.graph.backward_start)
+        return {node: stage_of_group(groups[node.name], self.stages) for node in self.graph.order}
+
+    def _readers(self, node: fx.Node) -> list[fx.Node]:
+        """The ops reading ``node``'s value (a ``getitem``'s readers for a tuple)."""
+        return [user for user in node.users if user in self.stage_of]
+
+    def _reading_stages(self, node: fx.Node) -> set[int]:
+        return {self.stage_of[user] for user in self._readers(node)}
+
+    def _crosses(self, node: fx.Node) -> bool:
+        values = [node, *(u for u in node.users if u.target is operator.getitem)]
+        return any(self._reading_stages(v) - {self.stage_of.get(v)} for v in values if v in self.stage_of)
+
+    def _work(self) -> list[StageWork]:
+        """Per stage: its entries, what it receives and sends, when each value goes."""
+        stages = len(self.stages)
+        work = [StageWork() for _ in range(stages)]
+        backward_start = self.graph.backward_start
+        position = {node: i for i, node in enumerate(self.graph.order)}
+        for entry in self.inner.entries:
+            stage = work[self.stage_of[entry.node]]
+            forward = not entry.again and position[entry.node] < backward_start
+            (stage.forward if forward else stage.backward).append(entry)
+        for node in self.graph.order:
+            made = self.stage_of[node]
+            read = sorted(self._reading_stages(node) - {made})
+            if not read:
+                continue
+            ahead, behind = crossed_cuts(made, read)
+            if position[node] >= backward_start and ahead:
+                raise PlanMismatch(f"pipeline: {node.name}, made in the backward, is read on a later stage")
+            for cut in ahead:
+                work[cut].sends[AHEAD].append(node)
+                work[cut + 1].receives[AHEAD].append(node)
+            for cut in behind:
+                work[cut + 1].sends[BACK].append(node)
+                work[cut].receives[BACK].append(node)
+        for stage in work:
+            self._lifetimes(stage)
+        self._check_parameters()
+        return work
+
+    def _lifetimes(self, stage: StageWork) -> None:
+        """When each value of the stage goes: after its last reader on the stage (the sends and the gradient
+        accumulation read too), a value made again a new one (as :mod:`runtime.recomputation` counts)."""
+        events: list[tuple[list[fx.Node], list[fx.Node]]] = [(stage.receives[AHEAD], [])]
+        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.forward]
+        events += [([], stage.sends[AHEAD] + [self.graph.loss]), (stage.receives[BACK], [])]
+        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.backward]
+        events.append(([], stage.sends[BACK]))
+        made_by: dict[fx.Node, int] = {}
+        last: dict[tuple[fx.Node, int], int] = {}
+        for index, (defines, reads) in enumerate(events):
+            for source in reads:
+                if source in made_by:
+                    last[(source, made_by[source])] = index
+            for node in defines:
+                made_by[node] = index
+                last.setdefault((node, index), index)
+        drops: list[list[fx.Node]] = [[] for _ in events]
+        for (node, _), index in last.items():
+            drops[index].append(node)
+        forward_end = 1 + len(stage.forward)
+        stage.drops = (drops[1:forward_end], drops[forward_end + 2 : forward_end + 2 + len(stage.backward)])
+        stage.after_sends = (drops[0] + drops[forward_end], drops[forward_end + 1] + drops[-1])
+
+    def _check_parameters(self) -> None:
+        for name, node in self.graph.parameters.items():
+            ranks = {stage % self.ranks for stage in self._reading_stages(node)}
+            gradient = self.graph.gradients.get(name)
+            if gradient is not None:
+                ranks.add(self.stage_of[gradient] % self.ranks)
+            if len(ranks) > 1:
+                raise PlanMismatch(
+                    f"pipeline: parameter {name} is read by stages on {len(ranks)} ranks of the pp axis (a "
+                    "tied embedding and output head?): untie it to run this plan"
+                )
+
+    # inputs ---------------------------------------------------------------------------------------------
+
+    def distribute_inputs(self, inputs: Sequence[torch.Tensor]) -> list[list[DTensor | None]]:
+        """Per micro-batch, the step's inputs this rank's stages read, in their planned placements (None for
+        the others); the batch split along its first dim."""
+        read = {k for k, node in enumerate(self.graph.inputs) if self._reading_stages(node) & set(self.own)}
+        micro = []
+        for i in range(self.microbatches):
+            rows = slice(i * self.microbatch_size, (i + 1) * self.microbatch_size)
+            placed: list[DTensor | None] = []
+            for k, (tensor, placements) in enumerate(zip(inputs, self.inner.input_placements, strict=True)):
+                if tensor.shape[0] != self.microbatches * self.microbatch_size:
+                    raise ValueError(
+                        f"input {k}: a batch of {tensor.shape[0]}; the pipeline runs {self.microbatches} "
+                        f"micro-batches of {self.microbatch_size}"
+                    )
+                placed.append(local_part(tensor[rows], self.stage_mesh, placements) if k in read else None)
+            micro.append(placed)
+        return micro
+
+    def assemble_inputs(self, parts: Sequence[torch.Tensor]) -> Any:
+        raise ValueError("inputs: a pipeline plan takes the whole batch (local=False) for now")
+
+    def input_slices(self) -> Any:
+        raise ValueError("inputs: a pipeline plan takes the whole batch for now: no per-rank slices")
+
+    # the step ---------------------------------------------------------------------------------------------
+
+    @property
+    def entries(self) -> list[Entry]:
+        return [entry for stage in self.own for entry in self.work[stage].forward + self.work[stage].backward]
+
+    @property
+    def recomputed(self) -> list[fx.Node]:
+        names = {node.name for node in self.inner.recomputed}
+        return [entry.node for entry in self.entries if entry.again and entry.node.name in names]
+
+    def __call__(
+        self,
+        parameters: Mapping[str, DTensor],
+        buffers: Mapping[str, torch.Tensor],
+        inputs: Sequence[Sequence[DTensor | None]],
+    ) -> StepResult:
+        """One step over the micro-batches in the schedule's order: the loss (every rank) and this rank's
+        parameters' gradients, in the parameters' placements."""
+        started = time.perf_counter()
+        self.measured = PipelineMeasure()
+        live = LiveBytes()
+        held: dict[fx.Node, Any] = {}
+        for name, node in self.graph.parameters.items():
+            if name in self.parameter_placements:
+                held[node] = parameters[name]
+        constants = {**buffers, **self.graph.constants}
+        for name, node in self.graph.buffers.items():
+            value = constants[name]
+            held[node] = value if isinstance(value, DTensor) else self.inner.replicate(value)
+        for value in held.values():
+            live.add(value)
+        envs: dict[tuple[int, int], dict[fx.Node, Any]] = {}
+        gradients: dict[str, DTensor] = {}
+        deviations: list[Deviation] = []
+        pending: list[Any] = []
+        losses: list[torch.Tensor] = []
+        idle = 0.0
+        with torch.no_grad():
+            for action in self.order:
+                begun = time.perf_counter()
+                key = (action.stage, action.microbatch)
+                if action.kind == FORWARD:
+                    env = envs[key] = dict(held)
+                    for node, value in zip(self.graph.inputs, inputs[action.microbatch], strict=True):
+                        if value is not None:
+                            env[node] = value
+                            live.add(value)
+                    self._forward(action, env, live, deviations, pending, losses)
+                    spent = self.measured.forward_s
+                else:
+                    self._backward(action, envs.pop(key), live, deviations, pending, gradients)
+                    spent = self.measured.backward_s
+                waited = self.measured.waited_s
+                spent[action.stage] = spent.get(action.stage, 0.0) + time.perf_counter() - begun - waited
+                self.measured.waited_s = 0.0
+                idle += waited
+            for work, _ in pending:
+                work.wait()
+        for name, gradient in gradients.items():
+            gradients[name] = gradient / self.microbatches
+        loss = self._loss(losses)
+        self.measured.step_s = time.perf_counter() - started
+        self.measured.waited_s = idle
+        return StepResult(loss, gradients, deviations, live.peak)
+
+    def _forward(
+        self,
+        action: Action,
+        env: dict[fx.Node, Any],
+        live: LiveBytes,
+        deviations: list[Deviation],
+        pending: list[Any],
+        losses: list[torch.Tensor],
+    ) -> None:
+        stage = self.work[action.stage]
+        self._receive(stage.receives[AHEAD], action.stage - 1, action, AHEAD, env, live)
+        for entry, drops in zip(stage.forward, stage.drops[AHEAD], strict=True):
+            env[entry.node] = self.inner._run(entry.node, env, deviations, live)
+            live.add(env[entry.node])
+            self._drop(env, drops, live)
+        if self.graph.loss in env:
+            losses.append(
+                redistribute(env[self.graph.loss], (Replicate(),) * self.stage_mesh.ndim).to_local()
+            )
+        self._send(stage.sends[AHEAD], action.stage + 1, action, AHEAD, env, pending)
+        self._drop(env, stage.after_sends[AHEAD], live)
+
+    def _backward(
+        self,
+        action: Action,
+        env: dict[fx.Node, Any],
+        live: LiveBytes,
+        deviations: list[Deviation],
+        pending: list[Any],
+        gradients: dict[str, DTensor],
+    ) -> None:
+        stage = self.work[action.stage]
+        self._receive(stage.receives[BACK], action.stage + 1, action, BACK, env, live)
+        for entry, drops in zip(stage.backward, stage.drops[BACK], strict=True):
+            env[entry.node] = self.inner._run(entry.node, env, deviations, live)
+            live.add(env[entry.node])
+            for name in () if entry.again else self.inner.gradient_of.get(entry.node, ()):
+                gradient = redistribute(env[entry.node], self.inner.parameter_placements[name])
+                if name in gradients:
+                    live.remove(gradients[name])
+                    gradient = gradients[name] + gradient
+                gradients[name] = gradient
+                live.add(gradient)
+            self._drop(env, drops, live)
+        self._send(stage.sends[BACK], action.stage - 1, action, BACK, env, pending)
+        self._drop(env, stage.after_sends[BACK], live)
+
+    @staticmethod
+    def _drop(env: dict[fx.Node, Any], nodes: Sequence[fx.Node], live: LiveBytes) -> None:
+        for node in nodes:
+            if node in env and node.op != "placeholder":
+                gone = env.pop(node)
+                release_mask(gone)
+                live.remove(gone)
+
+    # point to point ----------------------------------------------------------------------------------------
+
+    def _peer(self, stage: int) -> int:
+        """The global rank at this rank's stage-mesh coordinate on ``stage``'s slice of the pp axis."""
+        coordinate = self.mesh.get_coordinate()
+        assert coordinate is not None
+        return int(self.mesh.mesh[(stage % self.ranks, *coordinate[1:])].item())
+
+    def _tag(self, action: Action, direction: int, cut: int, index: int) -> int:
+        """One tag per value, cut, direction and micro-batch: the receiver matches each send by it."""
+        return ((action.microbatch * 2 + direction) * len(self.stages) + cut) * self.widest + index
+
+    def _planned(self, node: fx.Node) -> Placements:
+        source, k = (node.args[0], node.args[1]) if node.target is operator.getitem else (node, 0)
+        spec = self.inner.nodes[source.name].outputs[k]  # type: ignore[union-attr]
+        assert spec is not None, f"{node.name} is not a tensor"
+        return tuple(to_dtensor(spec))
+
+    def _send(
+        self,
+        nodes: Sequence[fx.Node],
+        stage: int,
+        action: Action,
+        direction: int,
+        env: dict[fx.Node, Any],
+        pending: list[Any],
+    ) -> None:
+        cut = min(stage, action.stage)
+        for index, node in enumerate(nodes):
+            value = env[node]
+            if not isinstance(value, DTensor):
+                raise PlanMismatch(f"pipeline: {node.name}, read on another stage, is not a tensor")
+            local = redistribute(value, self._planned(node)).to_local().contiguous()
+            tag = self._tag(action, direction, cut, index)
+            pending.append((dist.isend(local, dst=self._peer(stage), group=self.group, tag=tag), local))
+            self.measured.sent_bytes += local.numel() * local.element_size()
+
+    def _receive(
+        self,
+        nodes: Sequence[fx.Node],
+        stage: int,
+        action: Action,
+        direction: int,
+        env: dict[fx.Node, Any],
+        live: LiveBytes,
+    ) -> None:
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        cut = min(stage, action.stage)
+        for index, node in enumerate(nodes):
+            meta = node.meta["val"]
+            placements = self._planned(node)
+            shape, _ = compute_local_shape_and_global_offset(meta.shape, self.stage_mesh, placements)
+            buffer = torch.empty(shape, dtype=meta.dtype, device=self.stage_mesh.device_type)
+            waiting = time.perf_counter()
+            tag = self._tag(action, direction, cut, index)
+            dist.irecv(buffer, src=self._peer(stage), group=self.group, tag=tag).wait()
+            self.measured.waited_s += time.perf_counter() - waiting
+            env[node] = DTensor.from_local(
+                buffer,
+                self.stage_mesh,
+                placements,
+                run_check=False,
+                shape=meta.shape,
+                stride=_contiguous(meta.shape),
+            )
+            live.add(env[node])
+
+    def _loss(self, losses: list[torch.Tensor]) -> DTensor:
+        """The mean of the micro-batches' losses, sent from the last stage's rank to every other rank (point
+        to point: no collective the plan does not have)."""
+        last = (len(self.stages) - 1) % self.ranks
+        dtype = self.graph.loss.meta["val"].dtype
+        loss = torch.stack(losses).mean() if losses else torch.zeros((), dtype=dtype)
+        loss = loss.to(self.stage_mesh.device_type)
+        tag = self._tag(Action(FORWARD, 0, self.microbatches), AHEAD, 0, 0)
+        if self.rank == last:
+            sends = [
+                dist.isend(loss, dst=self._peer(rank), group=self.group, tag=tag)
+                for rank in range(self.ranks)
+                if rank != last
+            ]
+            for work in sends:
+                work.wait()
+        else:
+            dist.irecv(loss, src=self._peer(last), group=self.group, tag=tag).wait()
+        return DTensor.from_local(
+            loss, self.stage_mesh, [Replicate()] * self.stage_mesh.ndim, run_check=False
+        )
+
+    def predicted_sent_bytes(self, plan: Mapping[str, Any]) -> float:
+        """What the plan says this rank sends in one step: its stages' forward sends over the cut after each,
+        backward sends over the cut before, every micro-batch."""
+        cuts = [stage["send_bytes"] for stage in plan["pipeline"]["stages"]]
+        per_microbatch = sum(
+            (cuts[s][0] if s < len(cuts) - 1 else 0.0) + (cuts[s - 1][1] if s > 0 else 0.0) for s in self.own
+        )
+        return per_microbatch * self.microbatches
+
+
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def stage_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh of this rank's stage: the axes after ``pp``."""
+    names = mesh.mesh_dim_names
+    if names is None or mesh.ndim < 2:
+        raise PlanMismatch("pipeline: the mesh needs a named pp axis and the stage's axes after it")
+    return mesh[names[1:]] if len(names) > 2 else mesh[names[1]]
+
+
+__all__ = ["PipelineMeasure", "PipelineStep", "stage_mesh"]
