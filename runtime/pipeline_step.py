@@ -46,7 +46,7 @@ from runtime.planned_step import Deviation, LiveBytes, PlannedStep, StepResult, 
 from runtime.recomputation import Entry
 from strategies.graph.capture import JointGraph
 from strategies.placement import to_dtensor
-from strategies.plan.pipeline import FORWARD, Action, rank_orders
+from strategies.plan.pipeline import BACKWARD, FORWARD, Action, rank_orders
 from strategies.problem.stage_groups import crossed_cuts, op_groups, stage_of_group
 
 AHEAD, BACK = 0, 1
@@ -67,6 +67,18 @@ class StageWork:
     """Per forward / backward entry, the values whose last use on this stage it is."""
     after_sends: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
     """Values that go once the forward's / the backward's sends are made."""
+
+
+@dataclass
+class _StepState:
+    """What one step gathers as its actions run."""
+
+    live: LiveBytes = field(default_factory=LiveBytes)
+    deviations: list[Deviation] = field(default_factory=list)
+    pending: list[Any] = field(default_factory=list)
+    """(the send, its tensor) of every send made, waited for at the step's end."""
+    losses: list[torch.Tensor] = field(default_factory=list)
+    gradients: dict[str, DTensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -254,7 +266,7 @@ class PipelineStep:
         parameters' gradients, in the parameters' placements."""
         started = time.perf_counter()
         self.measured = PipelineMeasure()
-        live = LiveBytes()
+        step = _StepState()
         held: dict[fx.Node, Any] = {}
         for name, node in self.graph.parameters.items():
             if name in self.parameter_placements:
@@ -264,12 +276,8 @@ class PipelineStep:
             value = constants[name]
             held[node] = value if isinstance(value, DTensor) else self.inner.replicate(value)
         for value in held.values():
-            live.add(value)
+            step.live.add(value)
         envs: dict[tuple[int, int], dict[fx.Node, Any]] = {}
-        gradients: dict[str, DTensor] = {}
-        deviations: list[Deviation] = []
-        pending: list[Any] = []
-        losses: list[torch.Tensor] = []
         idle = 0.0
         with torch.no_grad():
             for action in self.order:
@@ -280,71 +288,46 @@ class PipelineStep:
                     for node, value in zip(self.graph.inputs, inputs[action.microbatch], strict=True):
                         if value is not None:
                             env[node] = value
-                            live.add(value)
-                    self._forward(action, env, live, deviations, pending, losses)
-                    spent = self.measured.forward_s
-                else:
-                    self._backward(action, envs.pop(key), live, deviations, pending, gradients)
-                    spent = self.measured.backward_s
+                            step.live.add(value)
+                self._act(action, envs[key], step)
+                if action.kind == BACKWARD:
+                    del envs[key]
+                spent = self.measured.forward_s if action.kind == FORWARD else self.measured.backward_s
                 waited = self.measured.waited_s
                 spent[action.stage] = spent.get(action.stage, 0.0) + time.perf_counter() - begun - waited
                 self.measured.waited_s = 0.0
                 idle += waited
-            for work, _ in pending:
+            for work, _ in step.pending:
                 work.wait()
-        for name, gradient in gradients.items():
-            gradients[name] = gradient / self.microbatches
-        loss = self._loss(losses)
+        gradients = {name: gradient / self.microbatches for name, gradient in step.gradients.items()}
+        loss = self._loss(step.losses)
         self.measured.step_s = time.perf_counter() - started
         self.measured.waited_s = idle
-        return StepResult(loss, gradients, deviations, live.peak)
+        return StepResult(loss, gradients, step.deviations, step.live.peak)
 
-    def _forward(
-        self,
-        action: Action,
-        env: dict[fx.Node, Any],
-        live: LiveBytes,
-        deviations: list[Deviation],
-        pending: list[Any],
-        losses: list[torch.Tensor],
-    ) -> None:
+    def _act(self, action: Action, env: dict[fx.Node, Any], step: _StepState) -> None:
+        """One forward or backward of one stage on one micro-batch: receive what crosses the cut it reads
+        over, run its ops (a backward adds up the gradients it makes), send what crosses the next cut."""
         stage = self.work[action.stage]
-        self._receive(stage.receives[AHEAD], action.stage - 1, action, AHEAD, env, live)
-        for entry, drops in zip(stage.forward, stage.drops[AHEAD], strict=True):
-            env[entry.node] = self.inner._run(entry.node, env, deviations, live)
-            live.add(env[entry.node])
-            self._drop(env, drops, live)
-        if self.graph.loss in env:
-            losses.append(
-                redistribute(env[self.graph.loss], (Replicate(),) * self.stage_mesh.ndim).to_local()
-            )
-        self._send(stage.sends[AHEAD], action.stage + 1, action, AHEAD, env, pending)
-        self._drop(env, stage.after_sends[AHEAD], live)
-
-    def _backward(
-        self,
-        action: Action,
-        env: dict[fx.Node, Any],
-        live: LiveBytes,
-        deviations: list[Deviation],
-        pending: list[Any],
-        gradients: dict[str, DTensor],
-    ) -> None:
-        stage = self.work[action.stage]
-        self._receive(stage.receives[BACK], action.stage + 1, action, BACK, env, live)
-        for entry, drops in zip(stage.backward, stage.drops[BACK], strict=True):
-            env[entry.node] = self.inner._run(entry.node, env, deviations, live)
-            live.add(env[entry.node])
+        direction, towards = (AHEAD, 1) if action.kind == FORWARD else (BACK, -1)
+        self._receive(stage.receives[direction], action.stage - towards, action, direction, env, step.live)
+        entries = stage.forward if direction == AHEAD else stage.backward
+        for entry, drops in zip(entries, stage.drops[direction], strict=True):
+            env[entry.node] = self.inner._run(entry.node, env, step.deviations, step.live)
+            step.live.add(env[entry.node])
             for name in () if entry.again else self.inner.gradient_of.get(entry.node, ()):
                 gradient = redistribute(env[entry.node], self.inner.parameter_placements[name])
-                if name in gradients:
-                    live.remove(gradients[name])
-                    gradient = gradients[name] + gradient
-                gradients[name] = gradient
-                live.add(gradient)
-            self._drop(env, drops, live)
-        self._send(stage.sends[BACK], action.stage - 1, action, BACK, env, pending)
-        self._drop(env, stage.after_sends[BACK], live)
+                if name in step.gradients:  # the micro-batches' gradients add up
+                    step.live.remove(step.gradients[name])
+                    gradient = step.gradients[name] + gradient
+                step.gradients[name] = gradient
+                step.live.add(gradient)
+            self._drop(env, drops, step.live)
+        if direction == AHEAD and self.graph.loss in env:
+            replicated = redistribute(env[self.graph.loss], (Replicate(),) * self.stage_mesh.ndim)
+            step.losses.append(replicated.to_local())
+        self._send(stage.sends[direction], action.stage + towards, action, direction, env, step.pending)
+        self._drop(env, stage.after_sends[direction], step.live)
 
     @staticmethod
     def _drop(env: dict[fx.Node, Any], nodes: Sequence[fx.Node], live: LiveBytes) -> None:

@@ -119,7 +119,7 @@ def layer_profile(
     weight = built.node_weights()
     keys = [*captured, FIRST, LAST]
     fwd, bwd, act, par = ({key: 0.0 for key in keys} for _ in range(4))
-    counted = 0.0  # the parameters' memory as the plan counts it (a stage's share)
+    counted = 0.0  # the parameters' and the left-out layers' memory as the plan counts it
     neighbour: dict[
         int, int
     ] = {}  # a parameter's first reader, a gradient's maker: the op whose stage holds it
@@ -150,8 +150,9 @@ def layer_profile(
             (fwd if starts[i] <= back else bwd)[key] += seconds
         start, end = built.problem.intervals[i]
         nbytes = float(node.memory_bytes[chosen[i]])
-        if node.kind in PARAMETER_KINDS:
+        if node.kind in (*PARAMETER_KINDS, "ghost"):  # a ghost: the left-out layers' share of a value
             counted += nbytes
+        if node.kind in PARAMETER_KINDS:
             par[key] += nbytes / built.parameter_memory_share  # the whole parameter, not a stage's share
         elif node.kind in ACTIVATION_KINDS and start <= back < end:
             act[key] += nbytes
@@ -176,7 +177,7 @@ def layer_profile(
     layers = [cost(captured[0])]
     layers += [cost(middle[j % len(middle)], share) for j in range(full - 2)] if middle else []
     layers.append(cost(captured[-1]))
-    held = sum(layer.activation_bytes for layer in layers) + act[FIRST] + act[LAST]
+    held = sum(act.values())  # the captured layers' (the ghosts hold the others')
     working = max(0.0, peak_bytes - counted - held) if peak_bytes is not None else 0.0
     return LayerProfile(
         tuple(layers), cost(FIRST), cost(LAST), _crossings(built, chosen, op_group), tuple(captured), working
