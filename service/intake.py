@@ -100,12 +100,18 @@ def read_solve(body: bytes, options: dict[str, Any]) -> Intake:
 def read_search(body: bytes) -> Intake:
     """``POST /v1/searches``: the search, its candidates counted; keyed by a hash of its canonical form (a
     resubmission joins the search running; a search is never answered from an earlier one's results)."""
-    from service.search.candidates import mesh_shapes
+    from service.search.candidates import make_candidates
 
     submission = parse(SearchSubmission, body)
     request = submission.model_dump(mode="json")
     text = canonical_text(request)
-    candidates = len(mesh_shapes(submission.devices, submission.max_mesh_dims)) * len(submission.batch_sizes)
+    try:
+        made = make_candidates(
+            submission.devices, submission.batch_sizes, None, submission.max_mesh_dims, submission.axis_limits
+        )
+    except ValueError as error:
+        raise BadRequest("axis_limits", str(error)) from None
+    candidates = len(made)
     key = hashlib.sha256(f"{HASH_SALT}:search:{text}".encode()).hexdigest()
     return Intake(SEARCH, key, text, submission.solver.time_limit_s * candidates, candidates)
 

@@ -31,8 +31,9 @@ Answer = tuple[float, np.ndarray]
 
 
 def can_fork() -> bool:
-    """Whether forked searches can run here."""
-    return "fork" in multiprocessing.get_all_start_methods()
+    """Whether forked searches can run here: a platform that forks, and a process that may have children (a
+    daemon, as the service's job workers are, may not: its searches run in it)."""
+    return "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
 
 
 class Channel:

@@ -36,6 +36,7 @@ def search_request(body: dict[str, Any]) -> SearchRequest:
         batch_sizes=list(body["batch_sizes"]),
         seq=body["seq"],
         max_mesh_dims=body["max_mesh_dims"],
+        axis_limits=dict(body.get("axis_limits") or {}),
         executor="ray" if _ray_address() else "local",
         workers=1,
         time_limit_s=solver["time_limit_s"],

@@ -152,3 +152,20 @@ def test_solve_in_lns_mode_searches_on_the_second_core_and_leaves_no_process(
     assert evaluation.feasible and evaluation.cost == pytest.approx(result.cost)
     assert result.bound <= result.cost
     assert not started_here()
+
+
+def _report_can_fork(answers: multiprocessing.Queue) -> None:
+    answers.put(can_fork())
+
+
+def test_a_daemon_process_runs_its_searches_itself() -> None:
+    """The service's job workers are daemons, which may not start processes: their portfolio stays in
+    them (a 3-D candidate of a service search failed: "daemonic processes are not allowed to have
+    children")."""
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    daemon = context.Process(target=_report_can_fork, args=(answers,), daemon=True)
+    daemon.start()
+    daemon.join(30)
+    assert answers.get(timeout=5) is False
+    assert can_fork() is True

@@ -95,5 +95,27 @@ def test_bad_searches_are_refused_naming_the_field(service) -> None:
     client, _ = service
     unknown = client.post("/v1/searches", json={**BODY, "model": "nope"})
     assert unknown.status_code == 422 and unknown.json()["field"] == "model"
-    assert client.post("/v1/searches", json={**BODY, "max_mesh_dims": 4}).status_code == 422
+    assert client.post("/v1/searches", json={**BODY, "max_mesh_dims": 5}).status_code == 422
+    wide = client.post("/v1/searches", json={**BODY, "axis_limits": {"xp": 2}})
+    assert wide.status_code == 422 and wide.json()["field"].startswith("axis_limits.xp")
     assert client.get("/v1/searches/no-such-search").status_code == 404
+
+
+def test_a_search_over_four_axes_plans_pipelines_within_its_axis_limits(service) -> None:
+    client, _ = service
+    tiny = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "ffn_dim": 128, "max_seq_len": 64}
+    body = {
+        "model": "llama3-8b", "devices": 16, "batch_sizes": [8], "seq": 32, "layers": 4, "options": tiny,
+        "dtype": "float32", "max_mesh_dims": 4, "axis_limits": {"cp": 2, "tp": 2},
+        "solver": {"time_limit_s": 10, "gap": 0},
+    }  # fmt: skip
+    submitted = client.post("/v1/searches", json=body)
+    assert submitted.status_code == 202, submitted.json()
+    search = wait_done(client, submitted.headers["Location"])
+    assert search["state"] == "succeeded", search
+    rows = {tuple(r["mesh"]): r for r in search["results"]["candidates"]}
+    assert set(rows) == {(16,), (8, 2), (4, 2, 2), (2, 2, 2, 2)}  # tp and cp at most 2
+    pipelined = rows[(2, 2, 2, 2)]
+    assert pipelined["axis_names"] == ["pp", "dp", "cp", "tp"]
+    assert pipelined["status"] in ("optimal", "feasible"), pipelined["error"]
+    assert pipelined["pipeline"]["microbatches"] in (2, 4, 8)
