@@ -232,7 +232,7 @@ class SearchSubmission(Strict):
     )
     max_mesh_dims: int = Field(3, ge=1, le=4, description="mesh axes at most (4 adds pipelines: pp,dp,cp,tp)")
     axis_limits: dict[Literal["dp", "cp", "tp", "pp"], Annotated[int, Field(ge=1, le=2**20)]] = Field(
-        default_factory=dict, description="the largest size of an axis by role, e.g. {\"tp\": 8}"
+        default_factory=dict, description='the largest size of an axis by role, e.g. {"tp": 8}'
     )
     solver: SolverOptions = Field(default_factory=SolverOptions)
     captured_layers: int | None = Field(4, ge=0, le=1024, description="layers captured for deep models")
