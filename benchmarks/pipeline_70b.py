@@ -7,7 +7,7 @@ Each mesh below is planned as a user plans it, ``autoshard plan --model llama3-7
 predicted step, tokens per second per GPU, model FLOPs utilisation, peak memory per device and, for a
 pipeline, its schedule, micro-batches and bubble. A family is the set of axis names; its best mesh (most
 tokens per second) is marked. The meshes are the usual shapes of each family (tensor parallelism inside a
-node, at most 8), not every one: ``autoshard search`` does not try ``pp`` axes yet (issue 28).
+node, at most 8), not every one (``autoshard search --max-mesh-dims 4`` tries them all).
 """
 
 from __future__ import annotations
