@@ -4,9 +4,9 @@ schedule.
 The planner's pipeline plans for the 2-layer GPT (its head untied: a tied embedding is refused, below) on
 pp 2 x dp 2 (1F1B) and pp 2 x tp 2 (GPipe; 1F1B with full recomputation), the `transformers` Llama on pp 2 x
 dp 2 and pp 2 x tp 2, the 4-layer GPT on pp 4 and interleaved on pp 2 x dp 2, train two AdamW steps equal to
-one process (`run_rank`'s check: the loss, every gradient of the first step, every parameter after the last); every
-rank sends exactly the bytes the plan's cuts say, and holds at its peak no more than 110% of its stage's
-predicted peak.
+one process (`run_rank`'s check: the loss, every gradient of the first step, every parameter after the
+last); every rank sends exactly the bytes the plan's cuts say, and holds at its peak no more than 110% of its
+stage's predicted peak.
 """
 
 from __future__ import annotations
