@@ -69,6 +69,20 @@ class StageWork:
     """Values that go once the forward's / the backward's sends are made."""
 
 
+@dataclass(frozen=True)
+class Hop:
+    """Values going over one cut for one action: to (or from) the neighbouring ``stage``."""
+
+    nodes: Sequence[fx.Node]
+    stage: int
+    action: Action
+    direction: int
+
+    @property
+    def cut(self) -> int:
+        return min(self.stage, self.action.stage)
+
+
 @dataclass
 class _StepState:
     """What one step gathers as its actions run."""
@@ -310,7 +324,9 @@ class PipelineStep:
         over, run its ops (a backward adds up the gradients it makes), send what crosses the next cut."""
         stage = self.work[action.stage]
         direction, towards = (AHEAD, 1) if action.kind == FORWARD else (BACK, -1)
-        self._receive(stage.receives[direction], action.stage - towards, action, direction, env, step.live)
+        self._receive(
+            Hop(stage.receives[direction], action.stage - towards, action, direction), env, step.live
+        )
         entries = stage.forward if direction == AHEAD else stage.backward
         for entry, drops in zip(entries, stage.drops[direction], strict=True):
             env[entry.node] = self.inner._run(entry.node, env, step.deviations, step.live)
@@ -326,7 +342,7 @@ class PipelineStep:
         if direction == AHEAD and self.graph.loss in env:
             replicated = redistribute(env[self.graph.loss], (Replicate(),) * self.stage_mesh.ndim)
             step.losses.append(replicated.to_local())
-        self._send(stage.sends[direction], action.stage + towards, action, direction, env, step.pending)
+        self._send(Hop(stage.sends[direction], action.stage + towards, action, direction), env, step.pending)
         self._drop(env, stage.after_sends[direction], step.live)
 
     @staticmethod
@@ -355,45 +371,27 @@ class PipelineStep:
         assert spec is not None, f"{node.name} is not a tensor"
         return tuple(to_dtensor(spec))
 
-    def _send(
-        self,
-        nodes: Sequence[fx.Node],
-        stage: int,
-        action: Action,
-        direction: int,
-        env: dict[fx.Node, Any],
-        pending: list[Any],
-    ) -> None:
-        cut = min(stage, action.stage)
-        for index, node in enumerate(nodes):
+    def _send(self, hop: Hop, env: dict[fx.Node, Any], pending: list[Any]) -> None:
+        for index, node in enumerate(hop.nodes):
             value = env[node]
             if not isinstance(value, DTensor):
                 raise PlanMismatch(f"pipeline: {node.name}, read on another stage, is not a tensor")
             local = redistribute(value, self._planned(node)).to_local().contiguous()
-            tag = self._tag(action, direction, cut, index)
-            pending.append((dist.isend(local, dst=self._peer(stage), group=self.group, tag=tag), local))
+            tag = self._tag(hop.action, hop.direction, hop.cut, index)
+            pending.append((dist.isend(local, dst=self._peer(hop.stage), group=self.group, tag=tag), local))
             self.measured.sent_bytes += local.numel() * local.element_size()
 
-    def _receive(
-        self,
-        nodes: Sequence[fx.Node],
-        stage: int,
-        action: Action,
-        direction: int,
-        env: dict[fx.Node, Any],
-        live: LiveBytes,
-    ) -> None:
+    def _receive(self, hop: Hop, env: dict[fx.Node, Any], live: LiveBytes) -> None:
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        cut = min(stage, action.stage)
-        for index, node in enumerate(nodes):
+        for index, node in enumerate(hop.nodes):
             meta = node.meta["val"]
             placements = self._planned(node)
             shape, _ = compute_local_shape_and_global_offset(meta.shape, self.stage_mesh, placements)
             buffer = torch.empty(shape, dtype=meta.dtype, device=self.stage_mesh.device_type)
             waiting = time.perf_counter()
-            tag = self._tag(action, direction, cut, index)
-            dist.irecv(buffer, src=self._peer(stage), group=self.group, tag=tag).wait()
+            tag = self._tag(hop.action, hop.direction, hop.cut, index)
+            dist.irecv(buffer, src=self._peer(hop.stage), group=self.group, tag=tag).wait()
             self.measured.waited_s += time.perf_counter() - waiting
             env[node] = DTensor.from_local(
                 buffer,
