@@ -217,6 +217,7 @@ def solve(
     heuristic_share: float | None = None,
     relative_gap: float = 0.0,
     cutoff: float | None = None,
+    explain_infeasible: bool = True,
 ) -> SolveResult:
     """Best assignment found within `time_limit` seconds, with a proven bound.
 
@@ -224,7 +225,9 @@ def solve(
     ``cutoff``: answers costing more are of no use to the caller (the headroom pass's cap): once the memory-
     aware bound proves that none costs less, the solve stops with what it has (its bound above ``cutoff``).
 
-    Raises `InfeasibleError` when no assignment fits the memory limit (naming the smallest reachable peak)
+    Raises `InfeasibleError` when no assignment fits the memory limit (naming the smallest reachable peak;
+    without ``explain_infeasible``, a limit below every node's smallest usage is refused with that bound
+    alone, not the smallest peak's own program: a caller that tries another problem next has no use for it)
     or every strategy of some node is forbidden.
     """
     if backend not in (*BACKEND_NAMES, "auto", "heuristic"):
@@ -240,7 +243,7 @@ def solve(
     phase = time.perf_counter()
     core = compact(reduced.problem)
     timings["compact"] = time.perf_counter() - phase
-    _check_memory_possible(core)
+    _check_memory_possible(core, explain_infeasible)
 
     engine, mode = _plan(core, backend)
     tight = mode != HEURISTIC and len(binding_memory_times(core)) > 0
@@ -931,10 +934,22 @@ def warm_up_kernels() -> None:
     memory_dual_bound(tiny, time_limit=1.0, upper_bound=tiny.cost(np.zeros(2, dtype=np.int64)))
 
 
-def _check_memory_possible(core: CompactProblem) -> None:
-    """Refuse at once a limit below the peak that even each node's smallest usage reaches."""
-    if core.usage_limit is not None and min_peak_lower_bound(core) > core.usage_limit:
-        raise _peak_error(core, time_limit=10.0)
+def _check_memory_possible(core: CompactProblem, explain: bool = True) -> None:
+    """Refuse at once a limit below the peak that even each node's smallest usage reaches (``explain``: with
+    the smallest peak an assignment reaches, a program of its own; else with that lower bound)."""
+    if core.usage_limit is None:
+        return
+    bound = min_peak_lower_bound(core)
+    if bound <= core.usage_limit:
+        return
+    if not explain:
+        raise InfeasibleError(
+            f"usage_limit {core.usage_limit} cannot be met: the smallest peak any assignment can reach is at "
+            f"least {bound}",
+            min_peak=bound,
+            min_peak_exact=False,
+        )
+    raise _peak_error(core, time_limit=10.0)
 
 
 def _peak_error(core: CompactProblem, time_limit: float) -> InfeasibleError:

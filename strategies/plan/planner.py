@@ -161,8 +161,9 @@ def _solve_and_plan(
     wins; with less than `MIN_SECOND_SOLVE_S` left and a plan found, that plan is the answer.
     (Recomputation on every plan made 4x4x4 plans 3x slower to solve for nothing.)"""
     phase = time.perf_counter()
-    try:
-        result, problem = _solve_built(request, built, say, threads, request.time_limit)
+    try:  # under `auto` an infeasible first problem is built again with recomputation: no need to explain it
+        explain = request.recompute != AUTO
+        result, problem = _solve_built(request, built, say, threads, request.time_limit, explain)
     except InfeasibleError as error:
         if request.recompute != AUTO:
             raise _budget_error(error, request, mesh) from error
@@ -260,9 +261,15 @@ def _recredited(
 
 
 def _solve_built(
-    request: PlanRequest, built: BuiltProblem, say: Progress, threads: int, time_limit: float
+    request: PlanRequest,
+    built: BuiltProblem,
+    say: Progress,
+    threads: int,
+    time_limit: float,
+    explain: bool = True,
 ) -> tuple[SolveResult, Problem]:
-    """The solve of a built problem (the request's baseline pinned), and the problem solved."""
+    """The solve of a built problem (the request's baseline pinned), and the problem solved; ``explain``: an
+    infeasible one names its smallest peak (`solver.solve`'s ``explain_infeasible``)."""
     problem = built.problem
     if request.baseline is not None:
         from strategies.plan.baselines import baseline_problem
@@ -276,6 +283,7 @@ def _solve_built(
         threads=threads,
         relative_gap=request.gap,
         cutoff=None if request.cutoff_s is None else request.cutoff_s / COST_UNIT_S,
+        explain_infeasible=explain,
         progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
     )
     return result, problem
