@@ -21,7 +21,7 @@ from runtime.parameter_shards import Initialiser, place_parameters
 from runtime.pipeline_step import PipelineStep
 from runtime.plan_checks import PlanMismatch, check_plan
 from runtime.planned_step import PlannedStep, StepResult
-from strategies.graph.capture import JointGraph, input_tensors
+from strategies.graph.capture import JointGraph, first_rows, input_tensors
 
 
 @dataclass
@@ -60,13 +60,6 @@ class AppliedPlan:
         """Per input tensor (in the example inputs' order), the part of the global batch this rank loads:
         ``global_input[slices]``."""
         return self.step.input_slices()
-
-
-def _first_rows(example_inputs: Any, rows: int) -> Any:
-    """The example inputs of one micro-batch: every tensor's first ``rows`` (its batch dim first)."""
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda value: value[:rows] if isinstance(value, torch.Tensor) else value, example_inputs)
 
 
 def compute_dtype_of(plan: Mapping[str, Any]) -> torch.dtype | None:
@@ -111,7 +104,7 @@ def apply_plan(
     register_for(mesh.device_type)  # the CPU capture's attention kernels, on the mesh's device
     check_plan(plan, tuple(mesh.shape))
     if plan.get("pipeline"):
-        micro = _first_rows(example_inputs, plan["pipeline"]["microbatch_size"])
+        micro = first_rows(example_inputs, plan["pipeline"]["microbatch_size"])
         graph = capture_for_planning(module, micro, loss_fn, compute_dtype_of(plan))
         pipeline = PipelineStep(graph, plan, mesh)
         placed = place_parameters(

@@ -942,14 +942,7 @@ def _check_memory_possible(core: CompactProblem, explain: bool = True) -> None:
     bound = min_peak_lower_bound(core)
     if bound <= core.usage_limit:
         return
-    if not explain:
-        raise InfeasibleError(
-            f"usage_limit {core.usage_limit} cannot be met: the smallest peak any assignment can reach is at "
-            f"least {bound}",
-            min_peak=bound,
-            min_peak_exact=False,
-        )
-    raise _peak_error(core, time_limit=10.0)
+    raise _peak_error(core, time_limit=10.0) if explain else _limit_error(core, bound, exact=False)
 
 
 def _peak_error(core: CompactProblem, time_limit: float) -> InfeasibleError:
@@ -961,6 +954,11 @@ def _peak_error(core: CompactProblem, time_limit: float) -> InfeasibleError:
             return error
         # The peak program can fail on huge byte counts; the per-step bound alone proves the limit impossible.
         peak, exact = min_peak_lower_bound(core), False
+    return _limit_error(core, peak, exact)
+
+
+def _limit_error(core: CompactProblem, peak: int, exact: bool) -> InfeasibleError:
+    """The error for a limit below ``peak`` (the smallest peak any assignment reaches, or at least)."""
     qualifier = "" if exact else "at least "
     return InfeasibleError(
         f"usage_limit {core.usage_limit} cannot be met: the smallest peak any assignment can reach is "

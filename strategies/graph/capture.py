@@ -232,6 +232,11 @@ def input_tensors(inputs: Any) -> list[torch.Tensor]:
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
 
 
+def first_rows(inputs: Any, rows: int) -> Any:
+    """Example inputs cut to their first ``rows`` (every tensor's first dim is the batch): one micro-batch."""
+    return tree_map(lambda value: value[:rows] if isinstance(value, torch.Tensor) else value, inputs)
+
+
 def call_module(module: nn.Module, inputs: Any, compute_dtype: torch.dtype | None = None) -> Any:
     """``module(*args, **kwargs)`` for example inputs as :func:`capture_step` takes them; with
     ``compute_dtype``, on copies of the parameters and floating inputs in it, as the captured step computes

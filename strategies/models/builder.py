@@ -112,18 +112,6 @@ def factory_batch(spec: ModelSpec) -> int:
     return int(tensors[0].shape[0])
 
 
-def first_rows(spec: ModelSpec, rows: int) -> ModelSpec:
-    """A model on the first ``rows`` of its example inputs (a pipeline's micro-batch of a factory's batch;
-    every tensor's first dim is the batch)."""
-    from torch.utils._pytree import tree_map
-
-    batch = factory_batch(spec)
-    if rows > batch or batch % rows:
-        raise ValueError(f"batch: {rows} does not divide the factory's batch of {batch}")
-    inputs = tree_map(lambda t: t[:rows] if isinstance(t, torch.Tensor) else t, spec.example_inputs)
-    return dataclasses.replace(spec, example_inputs=inputs)
-
-
 def load_model(model: str, **build: Any) -> ModelSpec:
     """A built-in model by name (``build`` as for :func:`build_model`), or a user's ``path/file.py:factory``
     (``build`` is ignored: the factory fixes its own shapes)."""

@@ -5,6 +5,7 @@ Each phase is timed (``timings`` in the plan) and reported to an optional progre
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -385,13 +386,14 @@ def capture_request(
     else:
         say(f"building {request.model}{depth} on the {device} device")
     spec = build_request_model(request, request.model, layers, device)
-    from strategies.models.builder import factory_batch, first_rows
-
     if factory and request.batch is not None:
+        from strategies.graph.capture import first_rows
+        from strategies.models.builder import factory_batch
+
         own = factory_batch(spec)
         if request.batch < own and own % request.batch == 0:  # a pipeline's micro-batch of the factory's
             say(f"  the first {request.batch} of the factory's {own} rows")
-            spec = first_rows(spec, request.batch)
+            spec = dataclasses.replace(spec, example_inputs=first_rows(spec.example_inputs, request.batch))
         elif request.batch != own:
             say(f"  ignored for a factory model: batch {request.batch} (its own is {own})")
     say("capturing the joint forward + backward graph")

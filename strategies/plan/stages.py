@@ -120,9 +120,8 @@ def layer_profile(
     keys = [*captured, FIRST, LAST]
     fwd, bwd, act, par = ({key: 0.0 for key in keys} for _ in range(4))
     counted = 0.0  # the parameters' and the left-out layers' memory as the plan counts it
-    neighbour: dict[
-        int, int
-    ] = {}  # a parameter's first reader, a gradient's maker: the op whose stage holds it
+    # a parameter's first reader, a gradient's maker: the op whose stage holds it
+    neighbour: dict[int, int] = {}
     for edge in built.edges:
         if built.nodes[edge.producer].kind in PARAMETER_KINDS:
             neighbour.setdefault(edge.producer, edge.consumer)

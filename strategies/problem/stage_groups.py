@@ -6,8 +6,7 @@ accumulation, a cast, a residual add in the root module's code): the earliest la
 (the residual stream's gradient is the next layer down's input), the last in the forward. Any other op
 belongs to the first stage when it runs before every layer's forward or after every layer's backward (the
 embedding and its gradient), else to the last (the final norm, the output head, the loss and their
-gradients). A ``getitem``
-goes with the op whose output it reads. The planner prices stages by these groups
+gradients). A ``getitem`` goes with the op whose output it reads. The planner prices stages by these groups
 (:mod:`strategies.plan.stages`) and the runtime runs them (:mod:`runtime.pipeline_step`): one definition.
 """
 
@@ -52,12 +51,8 @@ def op_groups(
         raise ValueError(
             "pipeline: the step has no ops inside numbered layers (`layers.<i>`) to cut into stages"
         )
-    first_forward, last_forward, first_backward, last_backward = (
-        forward[0],
-        forward[-1],
-        backward[0],
-        backward[-1],
-    )
+    first_forward, last_forward = forward[0], forward[-1]
+    first_backward, last_backward = backward[0], backward[-1]
     groups: dict[str, Group] = {}
     for i, node in enumerate(order):
         inputs = [groups[s.name] for s in node.all_input_nodes if s.name in groups]
