@@ -20,8 +20,12 @@ plan's placements, as :class:`runtime.planned_step.PlannedStep` runs a whole ste
   the micro-batches' losses, as one process's mean over the batch when they are equal); the loss is sent
   from the last stage to every rank.
 
-Not yet: random ops (dropout) in a pipeline, a parameter read on two ranks' stages (tied embeddings: untie
-them), short captures of deep models, inputs given as each rank's part.
+A parameter read on stages of several ranks (GPT-2's embedding, tied to its output head) is placed on each;
+its gradient is made where its contributions add up (the other stage's reach it over the cuts, as the plan
+prices them), and at the step's end sent to every other holder (`PipelineStep._exchange`, the plan's
+``pipeline.exchanges``), so each steps its optimizer on the same gradient and the copies stay one.
+
+Not yet: random ops (dropout) in a pipeline, short captures of deep models, inputs given as each rank's part.
 """
 
 from __future__ import annotations
@@ -149,6 +153,7 @@ class PipelineStep:
             key for key in self.inner.moved_once if not self._crosses(key[0])
         }
         self.widest = max((len(w.sends[d]) for w in self.work for d in (AHEAD, BACK)), default=0) or 1
+        self.shared = self._shared()
         self.measured = PipelineMeasure()
 
     # what runs where ------------------------------------------------------------------------------------
@@ -194,7 +199,6 @@ class PipelineStep:
                 work[cut].receives[BACK].append(node)
         for stage in work:
             self._lifetimes(stage)
-        self._check_parameters()
         return work
 
     def _lifetimes(self, stage: StageWork) -> None:
@@ -221,17 +225,17 @@ class PipelineStep:
         stage.drops = (drops[1:forward_end], drops[forward_end + 2 : forward_end + 2 + len(stage.backward)])
         stage.after_sends = (drops[0] + drops[forward_end], drops[forward_end + 1] + drops[-1])
 
-    def _check_parameters(self) -> None:
+    def _shared(self) -> list[tuple[str, int, set[int]]]:
+        """Each parameter read on stages of several ranks: its name, the rank making its gradient, the ranks
+        holding it (its readers')."""
+        shared = []
         for name, node in self.graph.parameters.items():
-            ranks = {stage % self.ranks for stage in self._reading_stages(node)}
+            holders = {stage % self.ranks for stage in self._reading_stages(node)}
             gradient = self.graph.gradients.get(name)
-            if gradient is not None:
-                ranks.add(self.stage_of[gradient] % self.ranks)
-            if len(ranks) > 1:
-                raise PlanMismatch(
-                    f"pipeline: parameter {name} is read by stages on {len(ranks)} ranks of the pp axis (a "
-                    "tied embedding and output head?): untie it to run this plan"
-                )
+            maker = self.stage_of[gradient] % self.ranks if gradient is not None else None
+            if maker is not None and holders - {maker}:
+                shared.append((name, maker, holders))
+        return shared
 
     # inputs ---------------------------------------------------------------------------------------------
 
@@ -314,9 +318,10 @@ class PipelineStep:
             for work, _ in step.pending:
                 work.wait()
         gradients = {name: gradient / self.microbatches for name, gradient in step.gradients.items()}
+        self._exchange(gradients)
         loss = self._loss(step.losses)
         self.measured.step_s = time.perf_counter() - started
-        self.measured.waited_s = idle
+        self.measured.waited_s += idle
         return StepResult(loss, gradients, step.deviations, step.live.peak)
 
     def _act(self, action: Action, env: dict[fx.Node, Any], step: _StepState) -> None:
@@ -378,30 +383,58 @@ class PipelineStep:
                 raise PlanMismatch(f"pipeline: {node.name}, read on another stage, is not a tensor")
             local = redistribute(value, self._planned(node)).to_local().contiguous()
             tag = self._tag(hop.action, hop.direction, hop.cut, index)
-            pending.append((dist.isend(local, dst=self._peer(hop.stage), group=self.group, tag=tag), local))
-            self.measured.sent_bytes += local.numel() * local.element_size()
+            pending.append((self._send_piece(local, self._peer(hop.stage), tag), local))
 
     def _receive(self, hop: Hop, env: dict[fx.Node, Any], live: LiveBytes) -> None:
+        for index, node in enumerate(hop.nodes):
+            tag = self._tag(hop.action, hop.direction, hop.cut, index)
+            env[node] = self._receive_piece(node.meta["val"], self._planned(node), self._peer(hop.stage), tag)
+            live.add(env[node])
+
+    def _send_piece(self, local: torch.Tensor, rank: int, tag: int) -> Any:
+        """``local`` sent to the global ``rank`` (not waited for: the work is returned), its bytes counted."""
+        self.measured.sent_bytes += local.numel() * local.element_size()
+        return dist.isend(local, dst=rank, group=self.group, tag=tag)
+
+    def _receive_piece(self, meta: torch.Tensor, placements: Placements, rank: int, tag: int) -> DTensor:
+        """This rank's piece, in ``placements``, of a value shaped as ``meta``, from the global ``rank``
+        (waited for: the wait is idle time)."""
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        for index, node in enumerate(hop.nodes):
-            meta = node.meta["val"]
-            placements = self._planned(node)
-            shape, _ = compute_local_shape_and_global_offset(meta.shape, self.stage_mesh, placements)
-            buffer = torch.empty(shape, dtype=meta.dtype, device=self.stage_mesh.device_type)
-            waiting = time.perf_counter()
-            tag = self._tag(hop.action, hop.direction, hop.cut, index)
-            dist.irecv(buffer, src=self._peer(hop.stage), group=self.group, tag=tag).wait()
-            self.measured.waited_s += time.perf_counter() - waiting
-            env[node] = DTensor.from_local(
-                buffer,
-                self.stage_mesh,
-                placements,
-                run_check=False,
-                shape=meta.shape,
-                stride=_contiguous(meta.shape),
-            )
-            live.add(env[node])
+        shape, _ = compute_local_shape_and_global_offset(meta.shape, self.stage_mesh, placements)
+        buffer = torch.empty(shape, dtype=meta.dtype, device=self.stage_mesh.device_type)
+        waiting = time.perf_counter()
+        dist.irecv(buffer, src=rank, group=self.group, tag=tag).wait()
+        self.measured.waited_s += time.perf_counter() - waiting
+        return DTensor.from_local(
+            buffer,
+            self.stage_mesh,
+            placements,
+            run_check=False,
+            shape=meta.shape,
+            stride=_contiguous(meta.shape),
+        )
+
+    def _exchange(self, gradients: dict[str, DTensor]) -> None:
+        """Each shared parameter's gradient, from the rank making it to every other holder (point to point, at
+        this rank's stage-mesh coordinate: its local piece in the parameter's placements)."""
+        after_every_microbatch = (self.microbatches * 2 + 2) * len(self.stages) * self.widest
+        sends = []
+        for index, (name, maker, holders) in enumerate(self.shared):
+            tag = after_every_microbatch + index
+            if self.rank == maker:
+                local = gradients[name].to_local().contiguous()
+                sends += [
+                    self._send_piece(local, self._peer(rank), tag) for rank in sorted(holders - {maker})
+                ]
+                if maker not in holders:  # made here for ranks that hold it
+                    del gradients[name]
+            elif self.rank in holders:
+                meta = self.graph.gradients[name].meta["val"]
+                placements = self.inner.parameter_placements[name]
+                gradients[name] = self._receive_piece(meta, placements, self._peer(maker), tag)
+        for work in sends:
+            work.wait()
 
     def _loss(self, losses: list[torch.Tensor]) -> DTensor:
         """The mean of the micro-batches' losses, sent from the last stage's rank to every other rank (point
@@ -427,12 +460,17 @@ class PipelineStep:
 
     def predicted_sent_bytes(self, plan: Mapping[str, Any]) -> float:
         """What the plan says this rank sends in one step: its stages' forward sends over the cut after each,
-        backward sends over the cut before, every micro-batch."""
+        backward sends over the cut before, every micro-batch; the shared parameters' gradients it makes."""
         cuts = [stage["send_bytes"] for stage in plan["pipeline"]["stages"]]
         per_microbatch = sum(
             (cuts[s][0] if s < len(cuts) - 1 else 0.0) + (cuts[s - 1][1] if s > 0 else 0.0) for s in self.own
         )
-        return per_microbatch * self.microbatches
+        exchanged = sum(
+            e["bytes"] * len(e["to_stages"])
+            for e in plan["pipeline"].get("exchanges", [])
+            if e["from_stage"] in self.own
+        )
+        return per_microbatch * self.microbatches + exchanged
 
 
 def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:

@@ -117,6 +117,12 @@ def _pipeline_lines(plan: dict[str, Any]) -> list[str]:
             f"  stage {k}: layers {first}-{end - 1}, ranks {ranks[0]}-{ranks[1] - 1}, "
             f"bubble {_ms(stage['bubble_s'])}, peak {bytes_text(stage['peak_memory_bytes'])}"
         )
+    for exchange in pipeline.get("exchanges", []):
+        to, made = ", ".join(str(stage) for stage in exchange["to_stages"]), exchange["from_stage"]
+        lines.append(
+            f"  {exchange['parameter']}: held on stages {made} and {to}; its gradient sent from stage {made} "
+            f"once per step ({bytes_text(exchange['bytes'])} per device each)"
+        )
     return lines
 
 

@@ -7,8 +7,10 @@ outermost first: ``dp`` (1-D); ``dp, tp`` (2-D: tensor parallel innermost, on th
 ``dp, cp, tp`` (3-D: data, context, tensor parallel). The names are labels for people: the planner chooses
 every placement on every axis itself, so ``4x2`` and ``2x4`` differ by which axis crosses nodes, not by
 what each axis may do. The one exception is 4-D: ``pp, dp, cp, tp``, the outermost axis a pipeline
-(:mod:`strategies.plan.pipeline_plan`), tried only when asked (``max_mesh_dims`` 4) and only with batches
-its stages divide (a pipeline runs at least one micro-batch per stage).
+(:mod:`strategies.plan.pipeline_plan`), tried only when asked (``max_mesh_dims`` 4), only with batches
+its stages divide (a pipeline runs at least one micro-batch per stage) and no more stages than the model has
+layers (llama3-405b on 16,384 devices: 31 meshes of 128-2,048 stages for 126 layers, each failing after a
+capture and a build).
 """
 
 from __future__ import annotations
@@ -100,20 +102,25 @@ def make_candidates(
     seq: int | None,
     max_dims: int = MAX_MESH_DIMS,
     axis_limits: Mapping[str, int] | None = None,
+    max_stages: int | None = None,
 ) -> list[Candidate]:
     """Meshes times batch sizes, numbered ``c00``, ``c01``, … (mesh by mesh, batches in the order given; a
     pipeline's mesh only with the batches its stages divide); ``axis_limits``: the largest size an axis of
-    that role may have (``{"tp": 8}``: tensor parallelism within a node's 8 GPUs)."""
+    that role may have (``{"tp": 8}``: tensor parallelism within a node's 8 GPUs); ``max_stages``: the most
+    stages a pipeline may have (the model's layers; None: any)."""
     if not batch_sizes:
         raise ValueError("batch_sizes: give at least one batch size")
     if any(batch < 1 for batch in batch_sizes):
         raise ValueError(f"batch_sizes: every batch must be positive, got {list(batch_sizes)}")
     limits = check_axis_limits(axis_limits or {})
+    ceilings = dict(limits)
+    if max_stages is not None:
+        ceilings[PIPELINE_ROLE] = min(limits.get(PIPELINE_ROLE, max_stages), max_stages)
     shapes = [
         shape
         for shape in mesh_shapes(devices, max_dims)
         if all(
-            size <= limits.get(role, size) for role, size in zip(AXIS_ROLES[len(shape)], shape, strict=True)
+            size <= ceilings.get(role, size) for role, size in zip(AXIS_ROLES[len(shape)], shape, strict=True)
         )
     ]
     if not shapes:

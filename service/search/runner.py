@@ -12,17 +12,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from service.access import ANONYMOUS
-from service.search.budget import BudgetShares
+from service.search.budget import BudgetShares, kind_of
 from service.search.cache import SearchPlanCache
 from service.search.candidates import Candidate, make_candidates
 from service.search.executors import Executor, make_executor
 from service.search.pruning import BestSoFar, top_row_proof
 from service.search.request import SearchRequest
 from service.search.results import candidate_row, results_document, write_results
+from service.search.screen import PipelineScreen
 from service.search.task import FAILED, SKIPPED, CandidateTask
 
 
@@ -42,9 +44,31 @@ class QuietListener:
         pass
 
 
+@dataclass
+class Steering:
+    """What decides, as each candidate is handed over, whether it starts, which comes next and its limits:
+    the budget's shares (``None``: no budget), the best so far (``None``: no pruning), the pipelines' screen;
+    ``limits``: each started candidate's solver limit."""
+
+    shares: BudgetShares | None
+    best: BestSoFar | None
+    screen: PipelineScreen = field(default_factory=PipelineScreen)
+    limits: dict[str, float] = field(default_factory=dict)
+
+    def seen(self, row: dict[str, Any]) -> None:
+        if self.best is not None:
+            self.best.seen(row)
+        self.screen.seen(row)
+
+
 def search_candidates(request: SearchRequest) -> list[Candidate]:
     return make_candidates(
-        request.devices, request.batch_sizes, sequence_of(request), request.max_mesh_dims, request.axis_limits
+        request.devices,
+        request.batch_sizes,
+        sequence_of(request),
+        request.max_mesh_dims,
+        request.axis_limits,
+        layers_of(request),
     )
 
 
@@ -76,7 +100,7 @@ def run_search(
     cache = SearchPlanCache(cache_url, cache_reader) if cache_url else None
     rows: list[dict[str, Any]] = []
     plans: dict[str, dict[str, Any]] = {}
-    best = BestSoFar(margin=request.gap) if request.prune else None
+    steering = Steering(None, BestSoFar(margin=request.gap) if request.prune else None)
 
     def record(candidate: Candidate, outcome: dict[str, Any]) -> None:
         plan = outcome.get("plan")
@@ -84,8 +108,7 @@ def run_search(
             plans[candidate.id] = plan
         row = candidate_row(candidate, outcome, budget, f"plans/{candidate.id}.json" if plan else None)
         rows.append(row)
-        if best is not None:
-            best.seen(row)
+        steering.seen(row)
         listener.finished(row)
 
     try:
@@ -110,20 +133,19 @@ def run_search(
         if todo and executor is None:
             executor = make_executor(request.executor, min(request.workers, len(todo)))
         threads = executor.cores_per_task if executor is not None else 1
-        shares = None
         if request.budget_s is not None:
-            shares = BudgetShares(
+            steering.shares = BudgetShares(
                 request.budget_s, len(todo), request.workers, request.time_limit_s, budget_from or started
             )
-        limits: dict[str, float] = {}
-        work = _work(request, todo, unplanned, say, threads, shares, limits, best)
+        work = _work(request, todo, unplanned, say, threads, steering)
         try:
-            for outcome in executor.run(work) if executor is not None else ():
+            deadline = steering.shares.deadline if steering.shares is not None else None
+            for outcome in executor.run(work, deadline) if executor is not None else ():
                 candidate = by_id[outcome["id"]]
-                limit = outcome["time_limit_s"] = limits.get(candidate.id, request.time_limit_s)
+                limit = outcome["time_limit_s"] = steering.limits.get(candidate.id, request.time_limit_s)
                 record(candidate, outcome)
-                if shares is not None:
-                    shares.finished(limit, outcome["seconds"])
+                if steering.shares is not None:
+                    steering.shares.finished(limit, outcome["seconds"], kind_of(candidate))
                 if cache is not None and outcome.get("plan") is not None:
                     given = dataclasses.replace(request, time_limit_s=limit)
                     cache.put(cache.key(given, candidate), outcome["plan"], outcome["seconds"])
@@ -148,15 +170,15 @@ def _work(
     unplanned: Callable[[Candidate, str, str], None],
     say: Callable[[str], None],
     threads: int,
-    shares: BudgetShares | None,
-    limits: dict[str, float],
-    best: BestSoFar | None,
+    steering: Steering,
 ) -> Iterator[tuple[CandidateTask, dict[str, Any]]]:
     """Each candidate with the graph document of its configuration, captured once per batch: candidates are
     handed over as the executor asks for them (it keeps its workers busy and one task queued: the next batch
-    is captured while they plan), in `dispatch_order`. Under a budget each task's solver limit is set as it
-    is handed over (``shares``) and kept in ``limits``, and once the budget is spent no candidate starts (each
-    goes to ``unplanned``, ``skipped``); with ``best``, each takes a cutoff (:mod:`service.search.pruning`).
+    is captured while they plan), in `dispatch_order`, the pipelines of a batch in the screen's order
+    (:mod:`service.search.screen`). Under a budget each task's solver limit is set as it is handed over
+    (``steering.shares``) and kept in ``steering.limits``, and a candidate the budget no longer covers does
+    not start (it goes to ``unplanned``, ``skipped``, with the reason, a pipeline with its twin's step); with
+    ``steering.best``, each takes a cutoff (:mod:`service.search.pruning`).
     The candidates of a configuration that cannot be captured go to ``unplanned``, ``failed``, with the
     reason. A pipeline's candidate (its first axis ``pp``) is planned from captures at its micro-batch sizes,
     each captured once too, and takes no cutoff (its step is simulated over micro-batch plans, not one
@@ -174,9 +196,24 @@ def _work(
             captured[batch] = (graph_digest(document), document)
         return captured[batch]
 
-    for candidate in dispatch_order(candidates):
-        if shares is not None and shares.spent():
-            unplanned(candidate, SKIPPED, "not planned: the budget was spent before it could start")
+    shares, best = steering.shares, steering.best
+
+    def refused(candidate: Candidate) -> bool:
+        """Whether the budget no longer covers ``candidate``: then it is a row ``skipped`` saying why."""
+        plans = len(microbatch_sizes(candidate.mesh[0], candidate.batch)) if candidate.pipelined else 1
+        refusal = shares.refusal(kind_of(candidate), plans=plans) if shares is not None else None
+        if shares is None or refusal is None:
+            return False
+        shares.passed_over()
+        found = steering.screen.twin_step(candidate) if candidate.pipelined else None
+        twin_said = f" (its twin without a pipeline, {found[1]}: {found[0]:.3g} s)" if found else ""
+        unplanned(candidate, SKIPPED, refusal + twin_said)
+        return True
+
+    pending = dispatch_order(candidates)
+    while pending:
+        candidate = steering.screen.take_next(pending)
+        if refused(candidate):
             continue
         batch = candidate.batch
         pipelined = candidate.pipelined
@@ -185,14 +222,19 @@ def _work(
             documents = {size: capture(candidate, size) for size in sizes}
         except Exception as error:
             first_line = (str(error).splitlines() or [""])[0]
+            if shares is not None:
+                shares.passed_over()
             unplanned(candidate, FAILED, f"capture failed: {type(error).__name__}: {first_line}")
+            continue
+        if pipelined and refused(candidate):  # its captures took what was left (kept for the next pipeline)
             continue
         plan_request = request.plan_request(candidate)
         if shares is not None:
-            plan_request = dataclasses.replace(plan_request, time_limit=shares.next_limit())
+            limit = shares.next_limit(kind=kind_of(candidate))
+            plan_request = dataclasses.replace(plan_request, time_limit=limit)
         if best is not None and not pipelined:  # a pipeline's cost is no program's objective
             plan_request = dataclasses.replace(plan_request, cutoff_s=best.cutoff(candidate))
-        limits[candidate.id] = plan_request.time_limit
+        steering.limits[candidate.id] = plan_request.time_limit
         if pipelined:
             digests = {size: digest for size, (digest, _) in documents.items()}
             task = CandidateTask(candidate.id, plan_request, "", threads, digests)
@@ -207,7 +249,8 @@ def dispatch_order(candidates: list[Candidate]) -> list[Candidate]:
     early and a budget spent before the end skips the least promising: the largest batch first (its
     collectives are paid over more tokens), pipelines after every mesh without one at that batch (each is
     several micro-batch plans; at 64 devices they were 10-15% slower than the best), then the meshes of more
-    axes first (they take longest: the pool ends more evenly)."""
+    axes first (they take longest: the pool ends more evenly). The pipelines of a batch are then taken in
+    the order of :mod:`service.search.screen` as they start (it reads the plans finished by then)."""
     return sorted(candidates, key=lambda c: (-c.batch, c.pipelined, -len(c.mesh)))
 
 
@@ -218,6 +261,13 @@ def sequence_of(request: SearchRequest) -> int | None:
 
     has_sequence = getattr(MODELS.get(request.model), "config", None) is not None
     return (request.seq or DEFAULT_SEQ) if has_sequence else None
+
+
+def layers_of(request: SearchRequest) -> int | None:
+    """The depth the candidates' model has (None for a model without layers: ``mlp``, a factory)."""
+    from strategies.models.builder import model_layers
+
+    return request.layers or model_layers(request.model, **request.options)
 
 
 def memory_budget_bytes(request: SearchRequest) -> int:

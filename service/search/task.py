@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED = "optimal", "feasible", "infeasible", "pruned", "failed"
 SKIPPED = "skipped"
-"""Not planned: the search's budget was spent before it could start."""
+"""Not planned: the search's budget was spent before it could start, or ended while it was planning."""
 STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, PRUNED, FAILED, SKIPPED)
 UNPLANNED = (INFEASIBLE, PRUNED, FAILED, SKIPPED)
 """The statuses of a row without a plan, counted apart by the progress the CLI and the service show."""

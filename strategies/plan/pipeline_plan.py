@@ -20,8 +20,10 @@ embedding's share aside); the stage peaks reported are the pipeline's own, from 
 The plan JSON is the micro-batch plan's (placements over the axes after ``pp``) with the whole mesh, a
 ``pipeline`` block (stages: layer ranges and ranks; schedule; micro-batches; per-stage bubble and peak) and
 ``predicted`` for the whole step (``step_time_s``, ``bubble_s``, ``peak_memory_bytes``, model FLOPs
-utilisation); the micro-batch plan's own figures under ``pipeline.microbatch``; ``pipeline.stage_mesh`` and
-each stage's ``send_bytes`` are what the runtime (:mod:`runtime.pipeline_step`) builds and sends.
+utilisation); the micro-batch plan's own figures under ``pipeline.microbatch``; ``pipeline.stage_mesh``,
+each stage's ``send_bytes`` and ``pipeline.exchanges`` (a parameter held on several ranks' stages: its
+gradient sent once per step from the stage making it, :mod:`strategies.plan.stages`) are what the runtime
+(:mod:`runtime.pipeline_step`) builds and sends.
 """
 
 from __future__ import annotations
@@ -212,6 +214,15 @@ def _pipeline_plan(
             for k, layers in enumerate(predicted.stages)
         ],
         "send_bytes": predicted.send_bytes,
+        "exchanges": [
+            {
+                "parameter": x.name,
+                "from_stage": x.from_stage,
+                "to_stages": list(x.to_stages),
+                "bytes": x.nbytes,
+            }
+            for x in predicted.exchanges
+        ],
         "microbatch": {key: micro_predicted[key] for key in ("step_time_s", "peak_memory_bytes", "mfu")},
     }
     whole = {key: value for key, value in micro_predicted.items() if key not in ("fastest", "memory_profile")}

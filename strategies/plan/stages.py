@@ -21,6 +21,13 @@ one plan of the whole model on those axes, at the size of one micro-batch, gives
   stage's bubble and each stage's peak memory: its parameters' share, the activations of the micro-batches it
   holds at once and the plan's working memory at its peak (what it holds beyond parameters and kept
   activations).
+
+A parameter read by ops of stages on two ranks of the pipeline axis (GPT-2's embedding, tied to its output
+head) is held on each (its memory, with its optimizer state, counted on both); its gradient is made on one
+(where its contributions add up: the micro-batches' contributions of the other stage reach it as any value
+read beyond a cut does) and sent once per step, at its end, to every other holder, which then steps its
+optimizer on the same gradient (Megatron-LM's embedding group does it with an all-reduce of two partial
+sums; here it is one send per holder, priced over the stages' link and added to the step).
 """
 
 from __future__ import annotations
@@ -57,6 +64,20 @@ class Crossing:
 
 
 @dataclass(frozen=True)
+class SharedParameter:
+    """A parameter read (or its gradient made) in several groups: those groups, the one making its gradient,
+    and its bytes per device: the parameter's (with its optimizer state) and its gradient's."""
+
+    name: str
+    groups: tuple[Group, ...]
+    maker: Group
+    counted: Group
+    """The group whose stage the profile counts the parameter's memory on (its gradient's: ``maker``'s)."""
+    parameter_bytes: float
+    gradient_bytes: float
+
+
+@dataclass(frozen=True)
 class LayerProfile:
     """One micro-batch's step split by layer: ``layers`` of the full stack in order, and what runs outside
     every layer on the first stage (``first``) and on the last (``last``); ``crossings``: the values read
@@ -71,6 +92,8 @@ class LayerProfile:
     working_bytes: float = 0.0
     """What the plan's peak holds beyond its parameters and the activations kept for the backward (values
     in flight at that moment: a layer's recomputation, gradients being made): a stage's peak has it too."""
+    shared: tuple[SharedParameter, ...] = ()
+    """The parameters read in more than one group (the module docstring's last paragraph)."""
 
     def cut_bytes(self, stages: list[range]) -> list[tuple[float, float]]:
         """Per cut between neighbouring ``stages`` (full-stack layers), the bytes per device one micro-batch
@@ -142,8 +165,11 @@ def layer_profile(
             else LAST
         )
 
+    counted_in: dict[str, Group] = {}  # each parameter's group
     for i, node in enumerate(built.nodes):
         key = group(i)
+        if node.kind == "parameter":
+            counted_in[node.name] = key
         if node.kind == "op":
             seconds = float(weight[i] * node.compute_s[chosen[i]])
             (fwd if starts[i] <= back else bwd)[key] += seconds
@@ -179,8 +205,44 @@ def layer_profile(
     held = sum(act.values())  # the captured layers' (the ghosts hold the others')
     working = max(0.0, peak_bytes - counted - held) if peak_bytes is not None else 0.0
     return LayerProfile(
-        tuple(layers), cost(FIRST), cost(LAST), _crossings(built, chosen, op_group), tuple(captured), working
+        tuple(layers),
+        cost(FIRST),
+        cost(LAST),
+        _crossings(built, chosen, op_group),
+        tuple(captured),
+        working,
+        _shared(built, chosen, op_group, counted_in),
     )
+
+
+def _shared(
+    built: BuiltProblem, chosen: np.ndarray, op_group: dict[str, Group], counted_in: dict[str, Group]
+) -> tuple[SharedParameter, ...]:
+    """The parameters read, or whose gradient is made, in more than one group, with their bytes per device
+    (the whole parameter's, not the program's ``1/p`` share of it); ``counted_in``: the group each
+    parameter's memory is counted in."""
+    groups: dict[str, set[Group]] = {}
+    makers: dict[str, Group] = {}
+    for edge in built.edges:
+        producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
+        if producer.kind == "parameter" and consumer.kind == "op":
+            groups.setdefault(producer.name, set()).add(op_group[consumer.name])
+        if consumer.kind == "gradient" and producer.kind == "op":
+            makers[consumer.name.removesuffix(".grad")] = op_group[producer.name]
+    nbytes = {
+        node.name: float(node.memory_bytes[chosen[i]]) / built.parameter_memory_share
+        for i, node in enumerate(built.nodes)
+        if node.kind in PARAMETER_KINDS
+    }
+    shared = []
+    for name, read in groups.items():
+        maker = makers.get(name)
+        if maker is None or len(read | {maker}) < 2:
+            continue
+        every = tuple(sorted(read | {maker}, key=str))
+        gradient = nbytes.get(f"{name}.grad", 0.0)
+        shared.append(SharedParameter(name, every, maker, counted_in[name], nbytes[name], gradient))
+    return tuple(shared)
 
 
 def _crossings(built: BuiltProblem, chosen: np.ndarray, op_group: dict[str, Group]) -> tuple[Crossing, ...]:
@@ -233,6 +295,8 @@ class PipelinePrediction:
     cut_bytes: tuple[tuple[float, float], ...] = ()
     """Per cut between stages ``k`` and ``k + 1``: what one micro-batch sends over it per device, forward and
     backward."""
+    exchanges: tuple[Exchange, ...] = ()
+    """The shared parameters' gradients sent once per step (the module docstring's last paragraph)."""
 
 
 def predict_pipeline(
@@ -263,27 +327,65 @@ def predict_pipeline(
             )
         )
         parameters[k % ranks] += sum(p.parameter_bytes for p in parts)
+    exchanges = _exchanges(profile, cuts, ranks)
+    for shared in profile.shared:  # held on every rank its groups' stages are on
+        holders = {stage_of_group(group, cuts) % ranks for group in shared.groups}
+        for rank in holders - {stage_of_group(shared.counted, cuts) % ranks}:
+            parameters[rank] += shared.parameter_bytes
+        for rank in holders - {stage_of_group(shared.maker, cuts) % ranks}:
+            parameters[rank] += shared.gradient_bytes  # the gradient it receives
     step = simulate(costs, microbatches, schedule, [link] * (len(cuts) - 1), chunks)
+    # the gradients go once the last backward has made them: the step waits for the slowest holder
+    exchange_s = max((link.seconds(e.nbytes) * len(e.to_stages) for e in exchanges), default=0.0)
     return PipelinePrediction(
         stages=tuple(cuts),
         schedule=schedule,
         microbatches=microbatches,
         chunks=chunks,
-        step_s=step.step_s,
-        bubble_s=tuple(step.step_s - busy for busy in step.busy_s),
+        step_s=step.step_s + exchange_s,
+        bubble_s=tuple(step.step_s + exchange_s - busy for busy in step.busy_s),
         peak_bytes=tuple(
             p + a + profile.working_bytes for p, a in zip(parameters, step.peak_activation_bytes, strict=True)
         ),
-        send_bytes=step.send_bytes,
+        send_bytes=step.send_bytes + sum(e.nbytes * len(e.to_stages) for e in exchanges),
         cut_bytes=tuple(sends),
+        exchanges=tuple(exchanges),
     )
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A shared parameter's gradient sent once per step from the stage making it to the stages on other ranks
+    holding it (one per rank: its first stage there); ``nbytes`` per device."""
+
+    name: str
+    from_stage: int
+    to_stages: tuple[int, ...]
+    nbytes: float
+
+
+def _exchanges(profile: LayerProfile, cuts: list[range], ranks: int) -> list[Exchange]:
+    """Per shared parameter held on more than one rank, its gradient's sends: from its maker's stage to the
+    first stage holding it on every other rank."""
+    exchanges = []
+    for shared in profile.shared:
+        maker = stage_of_group(shared.maker, cuts)
+        first_on_rank: dict[int, int] = {}
+        for stage in sorted(stage_of_group(group, cuts) for group in shared.groups):
+            first_on_rank.setdefault(stage % ranks, stage)
+        others = tuple(stage for rank, stage in sorted(first_on_rank.items()) if rank != maker % ranks)
+        if others:
+            exchanges.append(Exchange(shared.name, maker, others, shared.gradient_bytes))
+    return exchanges
 
 
 __all__ = [
     "Crossing",
+    "Exchange",
     "LayerCost",
     "LayerProfile",
     "PipelinePrediction",
+    "SharedParameter",
     "layer_profile",
     "predict_pipeline",
     "stage_link",

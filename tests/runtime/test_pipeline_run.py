@@ -1,12 +1,13 @@
 """Pipeline plans run on 4 gloo ranks (`runtime.pipeline_step`): each rank its stages, in the planned
 schedule.
 
-The planner's pipeline plans for the 2-layer GPT (its head untied: a tied embedding is refused, below) on
-pp 2 x dp 2 (1F1B) and pp 2 x tp 2 (GPipe; 1F1B with full recomputation), the `transformers` Llama on pp 2 x
-dp 2 and pp 2 x tp 2, the 4-layer GPT on pp 4 and interleaved on pp 2 x dp 2, train two AdamW steps equal to
-one process (`run_rank`'s check: the loss, every gradient of the first step, every parameter after the
-last); every rank sends exactly the bytes the plan's cuts say, and holds at its peak no more than 110% of its
-stage's predicted peak.
+The planner's pipeline plans for the 2-layer GPT (its head untied) on pp 2 x dp 2 (1F1B) and pp 2 x tp 2
+(GPipe; 1F1B with full recomputation), GPT-2 as it is, its head tied to the embedding, on pp 2 x tp 2 (the
+weight held on both ranks, its gradient sent once per step), the `transformers` Llama on pp 2 x dp 2 and pp 2
+x tp 2, the 4-layer GPT on pp 4 and interleaved on pp 2 x dp 2, train two AdamW steps equal to one process
+(`run_rank`'s check: the loss, every gradient of the first step, every parameter after the last); every
+rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds at its peak no more than 110% of
+its stage's predicted peak.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from runtime.report import report_text
+from service.plan_view import summary
 from strategies.plan.planner import PlanRequest, plan_model
 from tests.runtime.checked_run import run_checked
 from tests.runtime.test_planned_step import GPT, HF_LLAMA
@@ -35,6 +37,7 @@ CASES = {
     "gpt interleaved": ({**UNTIED_GPT, "layers": 4}, "2x2", "pp,dp", {"schedule": "interleaved-1f1b"}),
     "gpt gpipe": (UNTIED_GPT, "2x2", "pp,tp", {"schedule": "gpipe"}),
     "gpt recomputed": (UNTIED_GPT, "2x2", "pp,tp", {"recompute": "full"}),
+    "gpt tied pp2 x tp2": ({**UNTIED_GPT, "options": GPT}, "2x2", "pp,tp", {}),
 }
 
 
@@ -67,18 +70,17 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
         assert 0 < peak <= 1.1 * measured["predicted_peak_bytes"], (rank, peak, measured)
         assert measured["step_s"] >= sum(measured["forward_s"]) + sum(measured["backward_s"])
     assert ran["sent_bytes_match"]
-    # one step's sends: every cut, forward and back, every micro-batch, over each stage mesh's devices
+    # one step's sends: every cut, forward and back, every micro-batch, and the shared parameters' gradients
+    # once, over each stage mesh's devices
     column = sum(forward + backward for forward, backward in (s["send_bytes"] for s in pipeline["stages"]))
+    exchanged = sum(e["bytes"] * len(e["to_stages"]) for e in pipeline["exchanges"])
+    assert bool(exchanged) == (case == "gpt tied pp2 x tp2")
+    if exchanged:
+        said = "wte.weight: held on stages 0 and 1; its gradient sent from stage 0 once per step"
+        assert said in summary(plan)
     devices = 4 // int(mesh.split("x")[0])
-    assert sum(r["sent_bytes"] for r in ran["ranks"]) == column * pipeline["microbatches"] * devices
+    sent = sum(r["sent_bytes"] for r in ran["ranks"])
+    assert sent == (column * pipeline["microbatches"] + exchanged) * devices
     text = report_text(report)
     assert f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches" in text
     assert "point-to-point bytes as planned" in text
-
-
-def test_a_parameter_two_ranks_stages_read_is_refused_by_name(ranks, tmp_path) -> None:
-    """GPT-2's output head shares the embedding's weight: the first and the last stage both read it."""
-    tied = {**UNTIED_GPT, "options": GPT}
-    plan = pipeline_plan(tied, "2x2", "pp,tp")
-    with pytest.raises(AssertionError, match=r"wte\.weight is read by stages on 2 ranks of the pp axis"):
-        run_checked(ranks, plan, "gpt2-small", tmp_path / "plan.json")

@@ -46,6 +46,19 @@ def test_four_axes_are_a_pipeline_and_only_with_batches_its_stages_divide() -> N
     assert len(four) == 7
 
 
+def test_a_pipeline_has_no_more_stages_than_the_model_has_layers() -> None:
+    every = make_candidates(64, [64], seq=None, max_dims=4)
+    kept = make_candidates(64, [64], seq=None, max_dims=4, max_stages=4)
+    pipelines = {c.mesh for c in kept if c.pipelined}
+    assert pipelines == {c.mesh for c in every if c.pipelined and c.mesh[0] <= 4}
+    assert (4, 4, 2, 2) in pipelines and (8, 2, 2, 2) not in pipelines
+    assert {c.mesh for c in kept if not c.pipelined} == {c.mesh for c in every if not c.pipelined}
+    # with a pp limit of its own, the smaller of the two holds
+    assert {
+        c.mesh[0] for c in make_candidates(64, [64], None, 4, {"pp": 2}, max_stages=4) if c.pipelined
+    } == {2}
+
+
 def test_axis_limits_leave_out_the_meshes_with_a_larger_axis_of_that_role() -> None:
     every = make_candidates(64, [64], seq=None, max_dims=3)
     kept = make_candidates(64, [64], seq=None, max_dims=3, axis_limits=parse_axis_limits("tp=8"))

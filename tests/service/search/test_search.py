@@ -6,16 +6,26 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from service.search.budget import FIRST_EXTRA_SHARE, PRIOR_WEIGHT, RESULTS_RESERVE_S, BudgetShares
+from service.search.budget import (
+    FIRST_EXTRA_SHARE,
+    MESH,
+    PIPELINE,
+    PRIOR_WEIGHT,
+    RESULTS_RESERVE_S,
+    BudgetShares,
+)
+from service.search.candidates import AXIS_ROLES, Candidate
 from service.search.executors import LocalPoolExecutor
 from service.search.request import MIN_CANDIDATE_LIMIT_S, SearchRequest
 from service.search.runner import dispatch_order, run_search, search_candidates
-from service.search.task import FAILED, CandidateTask
+from service.search.screen import PipelineScreen
+from service.search.task import FAILED, SKIPPED, CandidateTask
 from solver.errors import InfeasibleError
 from strategies.plan import planner
 from strategies.plan.planner import PlanRequest, plan_model
@@ -271,6 +281,88 @@ def test_each_candidates_limit_is_its_share_of_the_time_left_when_it_starts() ->
     assert shares.next_limit(now=100.0) == MIN_CANDIDATE_LIMIT_S
     roomy = BudgetShares(budget_s=600.0, candidates=2, workers=2, ceiling_s=3.0, started=0.0)
     assert roomy.next_limit(now=0.0) == 3.0
+
+
+def test_a_candidate_starts_only_if_its_kinds_overrun_fits_before_the_deadline() -> None:
+    shares = BudgetShares(budget_s=100.0, candidates=4, workers=2, ceiling_s=60.0, started=0.0)
+    deadline = 100.0 - RESULTS_RESERVE_S
+    # nothing finished: any kind may start while the deadline has not passed
+    assert shares.refusal(PIPELINE, now=deadline - 1.0) is None
+    assert "budget was spent" in (shares.refusal(MESH, now=deadline) or "")
+    # meshes ran 1 s past: a pipeline of 3 micro-batch plans, none finished yet, is expected 3 s past
+    first = BudgetShares(budget_s=100.0, candidates=4, workers=2, ceiling_s=60.0, started=0.0)
+    limit = first.next_limit(now=0.0)
+    first.finished(limit, limit + 1.0)
+    assert first.overrun_s(PIPELINE, plans=3) == pytest.approx(3.0)
+    assert first.refusal(PIPELINE, now=deadline - 3.0, plans=3) is not None
+    # pipelines ran 12 s past their limits, meshes 1 s: counted apart
+    for kind, extra in ((PIPELINE, 10.0), (PIPELINE, 14.0), (MESH, 1.0)):
+        limit = shares.next_limit(now=0.0, kind=kind)
+        shares.finished(limit, limit + extra, kind)
+    assert shares.overrun_s(PIPELINE) == pytest.approx(12.0) and shares.overrun_s(MESH) == pytest.approx(1.0)
+    refusal = shares.refusal(PIPELINE, now=deadline - 10.0)
+    assert refusal is not None and "pipeline candidate is expected to take 12.0 s past" in refusal
+    assert shares.refusal(MESH, now=deadline - 10.0) is None
+    # the last one waiting: its share (2 x 20 s) would run past the deadline; its limit leaves its kind's
+    # overrun before it
+    assert shares.next_limit(now=deadline - 20.0, kind=PIPELINE) == pytest.approx(8.0)
+    assert shares.next_limit(now=deadline - 20.0, kind=MESH) == pytest.approx(19.0)
+    # one passed over is neither waiting nor running: the shares of the rest grow
+    before = BudgetShares(budget_s=100.0, candidates=10, workers=2, ceiling_s=60.0, started=0.0)
+    after = BudgetShares(budget_s=100.0, candidates=10, workers=2, ceiling_s=60.0, started=0.0)
+    after.passed_over()
+    assert after.next_limit(now=0.0) > before.next_limit(now=0.0)
+
+
+def test_pipelines_start_fewest_stages_first_then_by_their_twins_step() -> None:
+    pipelines = [
+        Candidate("a", (4, 2, 2, 2), AXIS_ROLES[4], 64, None),
+        Candidate("b", (2, 4, 2, 2), AXIS_ROLES[4], 64, None),
+        Candidate("c", (2, 2, 4, 2), AXIS_ROLES[4], 64, None),
+        Candidate("d", (2, 2, 2, 4), AXIS_ROLES[4], 64, None),
+    ]
+    mesh = Candidate("m", (4, 4, 2), AXIS_ROLES[3], 32, None)
+    screen = PipelineScreen()
+    for twin_mesh, step in (((8, 2, 2), 3.0), ((4, 4, 2), 2.0), ((16, 2, 2), 1.0)):
+        screen.seen({"mesh": list(twin_mesh), "axis_names": list(AXIS_ROLES[3]), "batch": 64,
+                     "step_time_s": step, "pipeline": None})  # fmt: skip
+    screen.seen(
+        {
+            "mesh": [2, 2, 2, 4],
+            "axis_names": list(AXIS_ROLES[4]),
+            "batch": 64,
+            "step_time_s": 0.1,
+            "pipeline": {},
+        }
+    )  # fmt: skip  (a pipeline is no twin)
+    assert screen.twin_step(pipelines[2]) == (2.0, "dp,cp,tp 4x4x2")
+    pending = [*pipelines, mesh]
+    order = [screen.take_next(pending).id for _ in range(5)]
+    # 2 stages first: c (twin 4x4x2, 2.0 s), b (8x2x2, 3.0 s), d (4x2x4: no plan); then 4 stages (a,
+    # whose twin 16x2x2 is the fastest); the mesh of a smaller batch after every pipeline of 64
+    assert order == ["c", "b", "d", "a", "m"]
+
+
+def sleeping_plan(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(60)
+    return {"id": task.candidate_id, "status": "optimal", "seconds": 60.0}
+
+
+def test_the_budgets_end_stops_the_candidates_still_planning() -> None:
+    pool = LocalPoolExecutor(2, plan=sleeping_plan)
+    request = PlanRequest(model="mlp", mesh="2", batch=8)
+    work = ((CandidateTask(f"c{k:02d}", request, "no-such-graph", 1), {}) for k in range(4))
+    started = time.perf_counter()
+    try:
+        outcomes = list(pool.run(work, deadline=started + 1.0))
+    finally:
+        pool.close()
+    # not a minute each: at the deadline the three handed over (two running, one queued) are stopped with
+    # their workers, and the one handed over after it too
+    assert time.perf_counter() - started < 20.0
+    assert [o["id"] for o in outcomes] == ["c00", "c01", "c02", "c03"]
+    assert all(o["status"] == SKIPPED and "stopped at the budget's end" in o["error"] for o in outcomes)
+    assert all(o["seconds"] >= 1.0 for o in outcomes[:3])
 
 
 def test_the_pool_takes_tasks_as_its_workers_free_up() -> None:

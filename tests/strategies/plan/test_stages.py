@@ -100,6 +100,30 @@ def test_a_stage_counts_its_share_of_every_parameters_memory(repeated: PlanOutco
     )
 
 
+def test_a_tied_parameter_is_held_on_both_ranks_and_its_gradient_sent_once_per_step() -> None:
+    gpt = {"dim": 64, "n_heads": 4, "vocab_size": 256, "max_seq_len": 64, "ffn_dim": 128}
+    tied, untied = (
+        plan_model(small_llama(model="gpt2-small", layers=4, options={**gpt, "tie_embeddings": tie}))
+        for tie in (True, False)
+    )
+    shared = profile_of(tied).shared
+    assert [p.name for p in shared] == ["wte.weight"] and not profile_of(untied).shared
+    weight = shared[0]
+    assert weight.parameter_bytes > weight.gradient_bytes == 256 * 64 * 4  # float32, one device
+    assert {str(group) for group in weight.groups} == {"first", "last"} and str(weight.maker) == "first"
+    link = Link(1e9, 1e-5)
+    with_tie, without = (predict_pipeline(profile_of(o), 2, 4, ONE_F_ONE_B, link) for o in (tied, untied))
+    (exchange,) = with_tie.exchanges
+    assert (exchange.name, exchange.from_stage, exchange.to_stages) == ("wte.weight", 0, (1,))
+    assert exchange.nbytes == weight.gradient_bytes and not without.exchanges
+    # the last stage holds the weight (with its optimizer state) and the gradient it receives; the step waits
+    # for the send; the head's contributions to the gradient cross the cut back every micro-batch
+    cuts = profile_of(tied).cut_bytes(list(with_tie.stages))
+    assert with_tie.send_bytes == pytest.approx(4 * sum(f + b for f, b in cuts) + exchange.nbytes)
+    assert with_tie.step_s >= link.seconds(exchange.nbytes)
+    assert cuts[0][1] >= profile_of(untied).cut_bytes(list(with_tie.stages))[0][1] + 256 * 64 * 4 / 2
+
+
 @pytest.fixture(scope="module")
 def pipelined() -> PlanOutcome:
     return plan_model(small_llama(mesh="2x2", axis_names="pp,dp"))
