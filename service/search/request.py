@@ -115,6 +115,7 @@ class SearchRequest:
             options=dict(self.options),
             captured_layers=self.captured_layers,
             recompute=self.recompute,
+            exact_min_peak=False,  # an infeasible row's smallest peak is a bound: not worth a HiGHS program
         )
 
     def service_submission(self, candidate: Candidate) -> dict[str, Any]:

@@ -83,6 +83,7 @@ def plan_pipeline(
             time_limit=request.time_limit / len(counts),
             parameter_memory_share=1.0 / stages,
             cutoff_s=None,
+            exact_min_peak=False,  # a stage's peak is the schedule's, not the micro-batch plan's
         )
         try:
             outcome = plan_model(sub, say)

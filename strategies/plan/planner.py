@@ -163,7 +163,7 @@ def _solve_and_plan(
     (Recomputation on every plan made 4x4x4 plans 3x slower to solve for nothing.)"""
     phase = time.perf_counter()
     try:  # under `auto` an infeasible first problem is built again with recomputation: no need to explain it
-        explain = request.recompute != AUTO
+        explain = request.exact_min_peak and request.recompute != AUTO
         result, problem = _solve_built(request, built, say, threads, request.time_limit, explain)
     except InfeasibleError as error:
         if request.recompute != AUTO:
@@ -181,7 +181,7 @@ def _solve_and_plan(
         left = max(left, MIN_SECOND_SOLVE_S)
         again = build(AUTO)
         try:
-            second, second_problem = _solve_built(request, again, say, threads, left)
+            second, second_problem = _solve_built(request, again, say, threads, left, request.exact_min_peak)
         except InfeasibleError as error:
             if result is None:
                 raise _budget_error(error, request, mesh) from error
@@ -251,7 +251,7 @@ def _recredited(
         say("overlap credit " + ", ".join(f"{role} {share:.2f}" for role, share in sorted(credit.items())))
         again = recredit(built, credit)
         try:
-            second, second_problem = _solve_built(request, again, say, threads, left)
+            second, second_problem = _solve_built(request, again, say, threads, left, request.exact_min_peak)
         except InfeasibleError:
             break
         second_predicted = predict(again, np.asarray(second.solution, dtype=np.int64))

@@ -88,6 +88,11 @@ class PlanRequest:
     cutoff_s: float | None = None
     """A search's pruning: a plan costing more than this (the program's step seconds) is of no use to the
     caller; once the solve's bound proves none costs less, planning stops with :class:`PrunedError`."""
+    exact_min_peak: bool = True
+    """Where no plan fits, name the smallest peak any plan reaches (a HiGHS program of up to 10 s: 4 GB and
+    more on llama3-405b's 2,048-wide meshes, whose search workers the kernel killed for memory), or only
+    each node's least usage summed, a lower bound ("at least"; a search's candidates and a pipeline's
+    micro-batch plans ask for no more)."""
 
 
 @dataclass
