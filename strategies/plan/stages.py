@@ -65,8 +65,9 @@ class Crossing:
 
 @dataclass(frozen=True)
 class SharedParameter:
-    """A parameter read (or its gradient made) in several groups: those groups, the one making its gradient,
-    and its bytes per device: the parameter's (with its optimizer state) and its gradient's."""
+    """A parameter read, or its gradient made, in more than one group: the groups reading it (its holders'),
+    the one making its gradient, and its bytes per device: the parameter's (with its optimizer state) and
+    its gradient's."""
 
     name: str
     groups: tuple[Group, ...]
@@ -239,9 +240,9 @@ def _shared(
         maker = makers.get(name)
         if maker is None or len(read | {maker}) < 2:
             continue
-        every = tuple(sorted(read | {maker}, key=str))
         gradient = nbytes.get(f"{name}.grad", 0.0)
-        shared.append(SharedParameter(name, every, maker, counted_in[name], nbytes[name], gradient))
+        readers = tuple(sorted(read, key=str))
+        shared.append(SharedParameter(name, readers, maker, counted_in[name], nbytes[name], gradient))
     return tuple(shared)
 
 
