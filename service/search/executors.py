@@ -181,26 +181,25 @@ class RayExecutor:
 def lost(candidate_id: str, error: BaseException) -> dict[str, Any]:
     """The outcome of a candidate whose worker died before answering: failed, with the reason."""
     first_line = (str(error).splitlines() or [""])[0]
-    return {
-        "id": candidate_id,
-        "status": FAILED,
-        "plan": None,
-        "min_peak_bytes": None,
-        "error": f"worker lost: {type(error).__name__}: {first_line}",
-        "seconds": 0.0,
-    }
+    return _unanswered(candidate_id, FAILED, f"worker lost: {type(error).__name__}: {first_line}", 0.0)
 
 
 def stopped(candidate_id: str, seconds: float | None) -> dict[str, Any]:
     """The outcome of a candidate still planning at the search's deadline: skipped, stopped there."""
     after = f" {seconds:.1f} s after it was handed over" if seconds is not None else ""
+    error = f"not finished: stopped at the budget's end{after}"
+    return _unanswered(candidate_id, SKIPPED, error, seconds or 0.0)
+
+
+def _unanswered(candidate_id: str, status: str, error: str, seconds: float) -> dict[str, Any]:
+    """The outcome of a candidate its worker gave no answer for (as `plan_candidate` shapes one)."""
     return {
         "id": candidate_id,
-        "status": SKIPPED,
+        "status": status,
         "plan": None,
         "min_peak_bytes": None,
-        "error": f"not finished: stopped at the budget's end{after}",
-        "seconds": seconds or 0.0,
+        "error": error,
+        "seconds": seconds,
     }
 
 

@@ -163,7 +163,7 @@ def _solve_and_plan(
     (Recomputation on every plan made 4x4x4 plans 3x slower to solve for nothing.)"""
     phase = time.perf_counter()
     try:  # under `auto` an infeasible first problem is built again with recomputation: no need to explain it
-        explain = request.exact_min_peak and request.recompute != AUTO
+        explain = request.recompute != AUTO
         result, problem = _solve_built(request, built, say, threads, request.time_limit, explain)
     except InfeasibleError as error:
         if request.recompute != AUTO:
@@ -181,7 +181,7 @@ def _solve_and_plan(
         left = max(left, MIN_SECOND_SOLVE_S)
         again = build(AUTO)
         try:
-            second, second_problem = _solve_built(request, again, say, threads, left, request.exact_min_peak)
+            second, second_problem = _solve_built(request, again, say, threads, left)
         except InfeasibleError as error:
             if result is None:
                 raise _budget_error(error, request, mesh) from error
@@ -251,7 +251,7 @@ def _recredited(
         say("overlap credit " + ", ".join(f"{role} {share:.2f}" for role, share in sorted(credit.items())))
         again = recredit(built, credit)
         try:
-            second, second_problem = _solve_built(request, again, say, threads, left, request.exact_min_peak)
+            second, second_problem = _solve_built(request, again, say, threads, left)
         except InfeasibleError:
             break
         second_predicted = predict(again, np.asarray(second.solution, dtype=np.int64))
@@ -270,7 +270,8 @@ def _solve_built(
     explain: bool = True,
 ) -> tuple[SolveResult, Problem]:
     """The solve of a built problem (the request's baseline pinned), and the problem solved; ``explain``: an
-    infeasible one names its smallest peak (`solver.solve`'s ``explain_infeasible``)."""
+    infeasible one names its smallest peak (`solver.solve`'s ``explain_infeasible``) where the request asks
+    for it (``exact_min_peak``)."""
     problem = built.problem
     if request.baseline is not None:
         from strategies.plan.baselines import baseline_problem
@@ -284,7 +285,7 @@ def _solve_built(
         threads=threads,
         relative_gap=request.gap,
         cutoff=None if request.cutoff_s is None else request.cutoff_s / COST_UNIT_S,
-        explain_infeasible=explain,
+        explain_infeasible=explain and request.exact_min_peak,
         progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
     )
     return result, problem
