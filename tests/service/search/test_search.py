@@ -359,10 +359,12 @@ def test_the_budgets_end_stops_the_candidates_still_planning() -> None:
         pool.close()
     # not a minute each: at the deadline the three handed over (two running, one queued) are stopped with
     # their workers, and the one handed over after it too
-    assert time.perf_counter() - started < 20.0
+    elapsed = time.perf_counter() - started
+    assert 1.0 <= elapsed < 20.0
     assert [o["id"] for o in outcomes] == ["c00", "c01", "c02", "c03"]
     assert all(o["status"] == SKIPPED and "stopped at the budget's end" in o["error"] for o in outcomes)
-    assert all(o["seconds"] >= 1.0 for o in outcomes[:3])
+    # each counted from its hand-over (just after `started`) to the deadline
+    assert all(0.0 < o["seconds"] <= elapsed for o in outcomes[:3])
 
 
 def test_the_pool_takes_tasks_as_its_workers_free_up() -> None:
