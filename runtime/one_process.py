@@ -2,7 +2,12 @@
 
 :class:`Reference` trains the eager module beside each rank (``loss.backward()``, the same optimizer, the same
 random draws) and compares the loss and every gradient of step 0, then every parameter after the last step,
-as whole tensors, within a tolerance fit for the dtype.
+as whole tensors, within a tolerance fit for the dtype. For a pipeline plan the one process trains as the
+pipeline does: on the plan's micro-batches (the batch's rows in order) one after another, their gradients
+added up, the loss their mean (gradient accumulation). Without random or batch-coupled ops that is the
+whole batch's step up to rounding; with dropout it is the step whose masks a pipeline can draw (each
+micro-batch's forward draws its own, as Megatron-LM's and torchtitan's pipelines do), and a batch norm sees
+a micro-batch, as it does in the pipeline.
 
 A run whose ranks never hold the whole model (``meta_init``, ``weights``) cannot hold that model beside every
 rank: :func:`file_reference` starts the one-process run as a process of its own on rank 0, before the ranks
@@ -93,17 +98,23 @@ class Reference:
     optimizer: torch.optim.Optimizer | None = None
     random_ops: dict[str, int] = dataclasses.field(default_factory=dict)
     """The step's random ops by op (:func:`runtime.random_ops.random_ops`), named when a check fails."""
+    microbatches: int = 1
+    """A pipeline plan's micro-batches: the step is theirs, one after another (:func:`microbatches_of`)."""
 
     def forward_backward(self) -> torch.Tensor:
-        """One forward and backward on the example inputs; the loss (the gradients in ``.grad``)."""
+        """One forward and backward on the example inputs (on each micro-batch of their rows in turn, the
+        gradients added up and divided by their count); the loss (their mean; the gradients in ``.grad``)."""
         from strategies.graph.capture import call_module, default_loss
 
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
-        output = call_module(self.module, self.spec.example_inputs, self.compute_dtype)
-        loss = (self.spec.loss_fn or default_loss)(output)
-        loss.backward()
-        return loss.detach()
+        losses = []
+        for inputs in microbatch_inputs(self.spec.example_inputs, self.microbatches):
+            output = call_module(self.module, inputs, self.compute_dtype)
+            loss = (self.spec.loss_fn or default_loss)(output)
+            (loss / self.microbatches).backward()
+            losses.append(loss.detach())
+        return torch.stack(losses).mean()
 
     @property
     def computed_in(self) -> torch.dtype:
@@ -148,6 +159,29 @@ class Reference:
                 )
 
 
+def microbatches_of(plan: Mapping[str, Any]) -> int:
+    """How many micro-batches a step of ``plan`` runs: a pipeline plan's, else one."""
+    return int(plan.get("pipeline", {}).get("microbatches", 1))
+
+
+def microbatch_inputs(inputs: Any, microbatches: int) -> list[Any]:
+    """``inputs`` (example inputs as the capture takes them) as ``microbatches`` equal parts of their rows,
+    in order, as a pipeline splits its batch; every tensor is cut along its first dim."""
+    from torch.utils._pytree import tree_map_only
+
+    if microbatches == 1:
+        return [inputs]
+
+    def rows(index: int) -> Any:
+        def part(tensor: torch.Tensor) -> torch.Tensor:
+            size = tensor.shape[0] // microbatches
+            return tensor[index * size : (index + 1) * size]
+
+        return tree_map_only(torch.Tensor, part, inputs)
+
+    return [rows(index) for index in range(microbatches)]
+
+
 def file_reference(options: RunOptions) -> Path:
     """The file of the one-process run of ``options`` (:func:`write_reference`), written by a fresh process
     on rank 0 while the other ranks wait; every rank calls it and gets its path."""
@@ -189,7 +223,7 @@ def write_reference(options: RunOptions, path: Path) -> None:
     spec, _ = build_run_model(options, plan, whole=True)
     if options.weights:
         open_weights(options.weights).fill_whole(spec.module)
-    reference = Reference(spec.module, spec, compute_dtype_of(plan))
+    reference = Reference(spec.module, spec, compute_dtype_of(plan), microbatches=microbatches_of(plan))
     reference.optimizer = make_optimizer(options.optimizer, spec.module.parameters(), options.lr)
     if options.load:
         checkpoint.load(spec.module, reference.optimizer, options.load)

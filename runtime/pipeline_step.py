@@ -25,11 +25,20 @@ its gradient is made where its contributions add up (the other stage's reach it 
 prices them), and at the step's end sent to every other holder (`PipelineStep._exchange`, the plan's
 ``pipeline.exchanges``), so each steps its optimizer on the same gradient and the copies stay one.
 
-Not yet: random ops (dropout) in a pipeline, short captures of deep models, inputs given as each rank's part.
+Random ops (dropout) draw what one process draws training on the same micro-batches one after another (the
+step a pipeline is; :class:`runtime.one_process.Reference` checks it so): at the step's start every rank
+finds where each forward random op of each micro-batch draws from, by drawing them in that order over
+stand-ins (:meth:`PipelineStep._draw_states`); each op then draws from its micro-batch's state, the whole of
+its micro-batch's tensor on every rank of its stage, each keeping its piece (:mod:`runtime.random_ops`), and
+a recomputation draws again from the same state. The stand-in draws cost each rank one process's draws of a
+step again (the masks are not kept: one at a time).
+
+Not yet: short captures of deep models, inputs given as each rank's part.
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import time
 from collections.abc import Mapping, Sequence
@@ -97,6 +106,8 @@ class _StepState:
     """(the send, its tensor) of every send made, waited for at the step's end."""
     losses: list[torch.Tensor] = field(default_factory=list)
     gradients: dict[str, DTensor] = field(default_factory=dict)
+    draws: dict[tuple[fx.Node, int], Any] = field(default_factory=dict)
+    """(random op, micro-batch) -> the generator state it draws from."""
 
 
 @dataclass
@@ -119,12 +130,6 @@ class PipelineStep:
         pipeline = plan["pipeline"]
         if "layers" in plan:
             raise PlanMismatch("pipeline: a plan of a short capture does not run as a pipeline yet")
-        drawn = random_ops.random_ops(graph.order)
-        if drawn:
-            raise PlanMismatch(
-                f"pipeline: the step draws random numbers ({', '.join(drawn)}), which a pipeline does not "
-                "yet draw as one process does: turn dropout off, or plan without a pp axis"
-            )
         self.mesh, self.stage_mesh = mesh, stage_mesh(mesh)
         self.group = mesh.get_group(0)
         self.ranks, self.rank = mesh.size(0), mesh.get_local_rank(0)
@@ -154,6 +159,11 @@ class PipelineStep:
         }
         self.widest = max((len(w.sends[d]) for w in self.work for d in (AHEAD, BACK)), default=0) or 1
         self.shared = self._shared()
+        self.drawing = [  # the forward's random ops, in one process's order (the backward's draw from them)
+            node
+            for node in graph.order[: graph.backward_start]
+            if random_ops.draws_random(node.target, node.args, node.kwargs)
+        ]
         self.measured = PipelineMeasure()
 
     # what runs where ------------------------------------------------------------------------------------
@@ -295,6 +305,7 @@ class PipelineStep:
             held[node] = value if isinstance(value, DTensor) else self.inner.replicate(value)
         for value in held.values():
             step.live.add(value)
+        step.draws = self._draw_states()
         envs: dict[tuple[int, int], dict[fx.Node, Any]] = {}
         idle = 0.0
         with torch.no_grad():
@@ -334,7 +345,9 @@ class PipelineStep:
         )
         entries = stage.forward if direction == AHEAD else stage.backward
         for entry, drops in zip(entries, stage.drops[direction], strict=True):
-            env[entry.node] = self.inner._run(entry.node, env, step.deviations, step.live)
+            drawn_from = step.draws.get((entry.node, action.microbatch))
+            with contextlib.nullcontext() if drawn_from is None else random_ops.drawing_from(drawn_from):
+                env[entry.node] = self.inner._run(entry.node, env, step.deviations, step.live)
             step.live.add(env[entry.node])
             for name in () if entry.again else self.inner.gradient_of.get(entry.node, ()):
                 gradient = redistribute(env[entry.node], self.inner.parameter_placements[name])
@@ -349,6 +362,20 @@ class PipelineStep:
             step.losses.append(replicated.to_local())
         self._send(Hop(stage.sends[direction], action.stage + towards, action, direction), env, step.pending)
         self._drop(env, stage.after_sends[direction], step.live)
+
+    def _draw_states(self) -> dict[tuple[fx.Node, int], Any]:
+        """Where each forward random op draws from on each micro-batch: the generator state one process has
+        there, training on the micro-batches one after another (each forward's draws in the graph's order).
+        Found by drawing them so, over stand-ins (:func:`runtime.random_ops.draw_over_stand_ins`), every rank
+        alike; the generator is left where one process leaves it. A forward and its recomputation then draw
+        from their micro-batch's state, whatever the schedule's order and whichever rank runs the op."""
+        device = torch.device(self.stage_mesh.device_type)
+        states = {}
+        for microbatch in range(self.microbatches if self.drawing else 0):
+            for node in self.drawing:
+                states[(node, microbatch)] = random_ops.generator_state(device.type)
+                random_ops.draw_over_stand_ins(node, device)
+        return states
 
     @staticmethod
     def _drop(env: dict[fx.Node, Any], nodes: Sequence[fx.Node], live: LiveBytes) -> None:

@@ -30,6 +30,10 @@ a mask the plan recomputes is drawn again from the generator state its forward d
 (:func:`generator_state`, :func:`drawing_from`), the same numbers.
 An op that re-draws its dropout from a saved Philox seed (a fused CUDA attention's backward) draws too, so it
 also runs whole, from the seed its whole forward saved.
+
+A pipeline's step is its micro-batches one after another: each random op draws its micro-batch's whole
+tensor from the state one process has there (:func:`draw_over_stand_ins` finds it,
+:class:`runtime.pipeline_step.PipelineStep` uses it).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any
 import torch
 from torch import fx
 from torch.distributed.tensor import DTensor, distribute_tensor
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_map_only
 
 aten = torch.ops.aten
 
@@ -138,6 +142,25 @@ def run_whole(
         return written[0][0], made  # bernoulli_ returns its self
     made += [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
     return result, made
+
+
+def draw_over_stand_ins(node: fx.Node, device: torch.device) -> None:
+    """Draw what ``node``'s random op draws, over stand-ins shaped as its captured arguments (zeros), and
+    drop the numbers: the generator moves on exactly as the op moves it, for the length of a draw depends on
+    the shapes it is drawn over, not their values (a pipeline finds so where each of its micro-batches' draws
+    starts, :class:`runtime.pipeline_step.PipelineStep`)."""
+
+    def zeros(meta: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(meta.shape, meta.stride(), dtype=meta.dtype, device=device).zero_()
+
+    def stand_in(source: fx.Node) -> Any:
+        return tree_map_only(torch.Tensor, zeros, source.meta["val"])
+
+    args, kwargs = tree_map_only(fx.Node, stand_in, (node.args, node.kwargs))
+    if isinstance(kwargs.get("device"), torch.device):  # captured on CPU fakes, drawn on the mesh's
+        kwargs["device"] = device
+    with torch.no_grad():
+        node.target(*args, **kwargs)  # type: ignore[operator]
 
 
 def seed_step(seed: int, step: int) -> None:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from runtime import checkpoint, random_ops
 from runtime.apply import apply_plan, compute_dtype_of
 from runtime.collectives import COLLECTIVE_NAMES, CountCollectives
-from runtime.one_process import FileReference, Reference, computed_in, file_reference
+from runtime.one_process import FileReference, Reference, computed_in, file_reference, microbatches_of
 from runtime.pipeline_step import PipelineStep
 from runtime.plan_checks import check_plan, run_mesh
 from runtime.planned_step import LiveBytes
@@ -243,7 +243,7 @@ def _build_and_apply(
     if compared is not None:
         reference = FileReference(compared, computing or computed_in(spec.module))
     elif options.check:
-        reference = Reference(copy.deepcopy(spec.module), spec, computing)
+        reference = Reference(copy.deepcopy(spec.module), spec, computing, microbatches=microbatches_of(plan))
     # a sharded build draws its parameters now, from where the whole build drew them: right after the inputs
     applied = apply_plan(
         spec.module, plan, mesh, spec.example_inputs, spec.loss_fn, short_graph=short, weights=options.weights

@@ -95,7 +95,15 @@ def plan_pipeline(
         micro = outcome.plan["predicted"]
         profile = layer_profile(outcome.built, chosen, micro["step_time_s"], micro["peak_memory_bytes"])
         link = stage_link(outcome.built, stages)
-        for schedule, chunks in _schedule_shapes(schedules, stages, m, len(profile.layers)):
+        shapes = _schedule_shapes(schedules, stages, m, len(profile.layers))
+        if not shapes:  # only an interleaved schedule was asked for
+            raise ValueError(
+                f"pipeline: {INTERLEAVED} runs at least {min(INTERLEAVED_CHUNKS)} stages of a layer or more "
+                f"per rank, its micro-batches a multiple of the ranks: {stages} ranks need "
+                f"{stages * min(INTERLEAVED_CHUNKS)} layers and the model has {len(profile.layers)}, with "
+                f"{m} micro-batches; use {ONE_F_ONE_B}"
+            )
+        for schedule, chunks in shapes:
             predicted = predict_pipeline(profile, stages, m, schedule, link, chunks)
             peak = max(predicted.peak_bytes)
             least_peak = min(least_peak, peak)

@@ -4,8 +4,10 @@ schedule.
 The planner's pipeline plans for the 2-layer GPT (its head untied) on pp 2 x dp 2 (1F1B) and pp 2 x tp 2
 (GPipe; 1F1B with full recomputation), GPT-2 as it is, its head tied to the embedding, on pp 2 x tp 2 (the
 weight held on both ranks, its gradient sent once per step), the `transformers` Llama on pp 2 x dp 2 and pp 2
-x tp 2, the 4-layer GPT on pp 4 and interleaved on pp 2 x dp 2, train two AdamW steps equal to one process
-(`run_rank`'s check: the loss, every gradient of the first step, every parameter after the last); every
+x tp 2, the 4-layer GPT on pp 4 and interleaved on pp 2 x dp 2, and the zoo's GPT-NeoX with dropout on and
+everything recomputed on pp 2 x tp 2 (each mask its micro-batch's, drawn again in the backward) train two
+AdamW steps equal to one process on the same micro-batches (`run_rank`'s check: the loss, every gradient of
+the first step, every parameter after the last); every
 rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds at its peak no more than 110% of
 its stage's predicted peak.
 """
@@ -21,6 +23,7 @@ from service.plan_view import summary
 from strategies.plan.planner import PlanRequest, plan_model
 from tests.runtime.checked_run import run_checked
 from tests.runtime.test_planned_step import GPT, HF_LLAMA
+from tests.runtime.test_zoo import ZOO
 
 UNTIED_GPT = {
     "model": "gpt2-small",
@@ -38,7 +41,9 @@ CASES = {
     "gpt gpipe": (UNTIED_GPT, "2x2", "pp,tp", {"schedule": "gpipe"}),
     "gpt recomputed": (UNTIED_GPT, "2x2", "pp,tp", {"recompute": "full"}),
     "gpt tied pp2 x tp2": ({**UNTIED_GPT, "options": GPT}, "2x2", "pp,tp", {}),
+    "gpt-neox with dropout, recomputed": ({"model": f"{ZOO}:gpt_neox"}, "2x2", "pp,tp", {"recompute": "full"}),
 }
+DROPOUT = {"gpt-neox with dropout, recomputed"}
 
 
 def pipeline_plan(model: dict[str, Any], mesh: str, axis_names: str, **fields: Any) -> dict[str, Any]:
@@ -75,7 +80,8 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     column = sum(forward + backward for forward, backward in (s["send_bytes"] for s in pipeline["stages"]))
     exchanged = sum(e["bytes"] * len(e["to_stages"]) for e in pipeline["exchanges"])
     assert bool(exchanged) == (case == "gpt tied pp2 x tp2")
-    if exchanged:
+    assert bool(report["random_ops"]["ops"]) == (case in DROPOUT)
+    if case == "gpt tied pp2 x tp2":
         said = "wte.weight: held on stages 0 and 1; its gradient sent from stage 0 once per step"
         assert said in summary(plan)
     devices = 4 // int(mesh.split("x")[0])

@@ -191,6 +191,11 @@ def test_an_interleaved_plan_puts_several_stages_on_each_rank_group() -> None:
     assert "stages (2 per rank group) along pp, interleaved-1f1b" in summary(plan)
 
 
+def test_an_interleaved_schedule_the_layers_cannot_fill_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="4 ranks need 8 layers and the model has 6, with 4 micro-batches"):
+        plan_model(small_llama(mesh="4", axis_names="pp", schedule=INTERLEAVED, microbatches=4))
+
+
 def test_an_asked_micro_batch_count_and_schedule_are_kept() -> None:
     plan = plan_model(small_llama(mesh="2x2", axis_names="pp,dp", microbatches=4, schedule=GPIPE)).plan
     assert (plan["pipeline"]["microbatches"], plan["pipeline"]["schedule"]) == (4, GPIPE)
