@@ -8,9 +8,12 @@ plan's placements, as :class:`runtime.planned_step.PlannedStep` runs a whole ste
 - which stage runs an op is the planner's rule (:mod:`strategies.problem.stage_groups`), so the stages are
   the ones priced; a stage holds only the parameters its ops read;
 - the actions are the schedule's, in the order the planner simulated (:func:`strategies.plan.pipeline.
-  rank_orders`: ``gpipe``, ``1f1b``, ``interleaved-1f1b`` as ``torch.distributed.pipelining`` orders them):
-  a forward runs a stage's forward ops on one micro-batch, a backward its backward ops (and the
-  recomputations the plan makes there);
+  rank_orders`: ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zero-bubble`` as ``torch.distributed.
+  pipelining`` orders them): a forward runs a stage's forward ops on one micro-batch, a backward its backward
+  ops (and the recomputations the plan makes there); a zero-bubble schedule's backward is two actions, ``B``
+  (the ops whose results reach another layer, the recomputations, the sends back) and later ``W`` (the ops
+  making only parameters' gradients, :func:`strategies.problem.stage_groups.weight_gradient_ops`), the
+  values ``W`` reads kept alive between them;
 - what crosses a cut goes as ``torch.distributed.pipelining`` hands a stage's outputs to the next: every value
   read beyond the cut is sent over it, forward with the forward, and what an earlier stage's backward reads
   (the activations' gradients) back with the backward; each rank sends its local piece, in the producing
@@ -59,8 +62,8 @@ from runtime.planned_step import Deviation, LiveBytes, PlannedStep, StepResult, 
 from runtime.recomputation import Entry
 from strategies.graph.capture import JointGraph
 from strategies.placement import to_dtensor
-from strategies.plan.pipeline import BACKWARD, FORWARD, Action, rank_orders
-from strategies.problem.stage_groups import crossed_cuts, op_groups, stage_of_group
+from strategies.plan.pipeline import BACKWARD, FORWARD, WEIGHT, ZERO_BUBBLE, Action, rank_orders
+from strategies.problem.stage_groups import crossed_cuts, op_groups, stage_of_group, weight_gradient_ops
 
 AHEAD, BACK = 0, 1
 """Directions over a cut: with the forward, with the backward."""
@@ -72,12 +75,15 @@ class StageWork:
 
     forward: list[Entry] = field(default_factory=list)
     backward: list[Entry] = field(default_factory=list)
+    """The whole backward, or a zero-bubble schedule's ``B`` (what makes the activations' gradients)."""
+    weight: list[Entry] = field(default_factory=list)
+    """A zero-bubble schedule's ``W``: the backward's ops making only parameters' gradients."""
     receives: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
     """Received before its forward (over the cut before it), before its backward (over the cut after it)."""
     sends: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
     """Sent after its forward (over the cut after it), after its backward (over the cut before it)."""
-    drops: tuple[list[list[fx.Node]], list[list[fx.Node]]] = field(default_factory=lambda: ([], []))
-    """Per forward / backward entry, the values whose last use on this stage it is."""
+    drops: dict[str, list[list[fx.Node]]] = field(default_factory=dict)
+    """Per action kind (``F``, ``B``, ``W``), per entry, the values whose last use on this stage it is."""
     after_sends: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
     """Values that go once the forward's / the backward's sends are made."""
 
@@ -116,6 +122,9 @@ class PipelineMeasure:
 
     forward_s: dict[int, float] = field(default_factory=dict)
     backward_s: dict[int, float] = field(default_factory=dict)
+    """The whole backward's, or a zero-bubble schedule's ``B``'s."""
+    weight_s: dict[int, float] = field(default_factory=dict)
+    """A zero-bubble schedule's ``W``'s."""
     waited_s: float = 0.0
     """Waiting for what another rank sends (idle, not the stage's time)."""
     sent_bytes: int = 0
@@ -138,6 +147,7 @@ class PipelineStep:
         self.order: list[Action] = rank_orders(
             pipeline["schedule"], self.ranks, self.microbatches, pipeline.get("chunks", 1)
         )[self.rank]
+        self.split = pipeline["schedule"] == ZERO_BUBBLE  # the backward runs as B and W
         self.own = sorted({action.stage for action in self.order})
         micro = {key: value for key, value in plan.items() if key != "pipeline"}
         micro["mesh"] = {
@@ -170,6 +180,9 @@ class PipelineStep:
 
     def _stages_of_ops(self) -> dict[fx.Node, int]:
         groups = op_groups(self.graph.order, self.graph.module_path, self.graph.backward_start)
+        self.weight_ops = (
+            weight_gradient_ops(self.graph.order, self.graph.backward_start, groups) if self.split else set()
+        )
         return {node: stage_of_group(groups[node.name], self.stages) for node in self.graph.order}
 
     def _readers(self, node: fx.Node) -> list[fx.Node]:
@@ -191,8 +204,12 @@ class PipelineStep:
         position = {node: i for i, node in enumerate(self.graph.order)}
         for entry in self.inner.entries:
             stage = work[self.stage_of[entry.node]]
-            forward = not entry.again and position[entry.node] < backward_start
-            (stage.forward if forward else stage.backward).append(entry)
+            if not entry.again and position[entry.node] < backward_start:
+                stage.forward.append(entry)
+            elif not entry.again and entry.node.name in self.weight_ops:
+                stage.weight.append(entry)
+            else:  # a recomputation runs with B, before any reader
+                stage.backward.append(entry)
         for node in self.graph.order:
             made = self.stage_of[node]
             read = sorted(self._reading_stages(node) - {made})
@@ -219,6 +236,7 @@ class PipelineStep:
         events += [([], stage.sends[AHEAD] + [self.graph.loss]), (stage.receives[BACK], [])]
         events += [([e.node], list(e.node.all_input_nodes)) for e in stage.backward]
         events.append(([], stage.sends[BACK]))
+        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.weight]
         made_by: dict[fx.Node, int] = {}
         last: dict[tuple[fx.Node, int], int] = {}
         for index, (defines, reads) in enumerate(events):
@@ -232,8 +250,13 @@ class PipelineStep:
         for (node, _), index in last.items():
             drops[index].append(node)
         forward_end = 1 + len(stage.forward)
-        stage.drops = (drops[1:forward_end], drops[forward_end + 2 : forward_end + 2 + len(stage.backward)])
-        stage.after_sends = (drops[0] + drops[forward_end], drops[forward_end + 1] + drops[-1])
+        backward_end = forward_end + 2 + len(stage.backward)
+        stage.drops = {
+            FORWARD: drops[1:forward_end],
+            BACKWARD: drops[forward_end + 2 : backward_end],
+            WEIGHT: drops[backward_end + 1 :],
+        }
+        stage.after_sends = (drops[0] + drops[forward_end], drops[forward_end + 1] + drops[backward_end])
 
     def _shared(self) -> list[tuple[str, int, set[int]]]:
         """Each parameter read on stages of several ranks: its name, the rank making its gradient, the ranks
@@ -319,9 +342,13 @@ class PipelineStep:
                             env[node] = value
                             step.live.add(value)
                 self._act(action, envs[key], step)
-                if action.kind == BACKWARD:
+                if action.kind == (WEIGHT if self.split else BACKWARD):  # the micro-batch's last
                     del envs[key]
-                spent = self.measured.forward_s if action.kind == FORWARD else self.measured.backward_s
+                spent = {
+                    FORWARD: self.measured.forward_s,
+                    BACKWARD: self.measured.backward_s,
+                    WEIGHT: self.measured.weight_s,
+                }[action.kind]
                 waited = self.measured.waited_s
                 spent[action.stage] = spent.get(action.stage, 0.0) + time.perf_counter() - begun - waited
                 self.measured.waited_s = 0.0
@@ -336,15 +363,17 @@ class PipelineStep:
         return StepResult(loss, gradients, step.deviations, step.live.peak)
 
     def _act(self, action: Action, env: dict[fx.Node, Any], step: _StepState) -> None:
-        """One forward or backward of one stage on one micro-batch: receive what crosses the cut it reads
-        over, run its ops (a backward adds up the gradients it makes), send what crosses the next cut."""
+        """One forward, backward (or ``B``) or ``W`` of one stage on one micro-batch: receive what crosses the
+        cut it reads over, run its ops (a backward adds up the gradients it makes), send what crosses the next
+        cut (a ``W`` receives and sends nothing)."""
         stage = self.work[action.stage]
         direction, towards = (AHEAD, 1) if action.kind == FORWARD else (BACK, -1)
-        self._receive(
-            Hop(stage.receives[direction], action.stage - towards, action, direction), env, step.live
-        )
-        entries = stage.forward if direction == AHEAD else stage.backward
-        for entry, drops in zip(entries, stage.drops[direction], strict=True):
+        if action.kind != WEIGHT:
+            self._receive(
+                Hop(stage.receives[direction], action.stage - towards, action, direction), env, step.live
+            )
+        entries = {FORWARD: stage.forward, BACKWARD: stage.backward, WEIGHT: stage.weight}[action.kind]
+        for entry, drops in zip(entries, stage.drops[action.kind], strict=True):
             drawn_from = step.draws.get((entry.node, action.microbatch))
             with contextlib.nullcontext() if drawn_from is None else random_ops.drawing_from(drawn_from):
                 env[entry.node] = self.inner._run(entry.node, env, step.deviations, step.live)
@@ -357,6 +386,8 @@ class PipelineStep:
                 step.gradients[name] = gradient
                 step.live.add(gradient)
             self._drop(env, drops, step.live)
+        if action.kind == WEIGHT:
+            return
         if direction == AHEAD and self.graph.loss in env:
             replicated = redistribute(env[self.graph.loss], (Replicate(),) * self.stage_mesh.ndim)
             step.losses.append(replicated.to_local())

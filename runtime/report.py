@@ -62,7 +62,7 @@ def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
         stages = ",".join(map(str, entry["stages"]))
         lines.append(
             f"{rank:>4}  {stages:<8}{sum(entry['forward_s']) * 1e3:>8.1f}ms"
-            f"{sum(entry['backward_s']) * 1e3:>8.1f}ms"
+            f"{(sum(entry['backward_s']) + sum(entry.get('weight_s', ()))) * 1e3:>8.1f}ms"
             f"{entry['idle_s'] * 1e3:>7.1f}ms{bubbles[entry['stages'][0]] * 1e3:>11.1f}ms"
             f"{bytes_text(entry['sent_bytes']):>11}{bytes_text(entry['predicted_sent_bytes']):>11}"
             f"{bytes_text(peak):>11}{bytes_text(entry['predicted_peak_bytes']):>11}"

@@ -141,16 +141,20 @@ def _train(
 
 
 def _pipeline_report(step: PipelineStep, plan: dict[str, Any]) -> dict[str, Any]:
-    """Per rank of the last step: the stages it ran, the seconds of their forwards and backwards, its idle
-    time (the step less them: its bubble, with the sends' waits), the bytes it sent point to point; beside
-    the plan's."""
+    """Per rank of the last step: the stages it ran, the seconds of their forwards and backwards (a
+    zero-bubble schedule's ``B`` and ``W`` apart), its idle time (the step less them: its bubble, with the
+    sends' waits), the bytes it sent point to point; beside the plan's."""
     measured = step.measured
     mine = {
         "stages": step.own,
         "forward_s": [measured.forward_s.get(s, 0.0) for s in step.own],
         "backward_s": [measured.backward_s.get(s, 0.0) for s in step.own],
+        "weight_s": [measured.weight_s.get(s, 0.0) for s in step.own],
         "step_s": measured.step_s,
-        "idle_s": measured.step_s - sum(measured.forward_s.values()) - sum(measured.backward_s.values()),
+        "idle_s": measured.step_s
+        - sum(measured.forward_s.values())
+        - sum(measured.backward_s.values())
+        - sum(measured.weight_s.values()),
         "sent_bytes": measured.sent_bytes,
         "predicted_sent_bytes": step.predicted_sent_bytes(plan),
         "predicted_peak_bytes": max(plan["pipeline"]["stages"][s]["peak_memory_bytes"] for s in step.own),

@@ -201,7 +201,9 @@ def plan_command(
     ] = None,
     schedule: Annotated[
         str | None,
-        typer.Option(help="a pipeline's schedule: 1f1b, interleaved-1f1b or gpipe (default: chosen)"),
+        typer.Option(
+            help="a pipeline's schedule: 1f1b, zero-bubble, interleaved-1f1b or gpipe (default: chosen)"
+        ),
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress on stderr")] = False,
 ) -> None:

@@ -15,9 +15,16 @@ leaves for its backward, the bytes it sends to the next stage), the micro-batch 
   (Narayanan et al., SC'21, section 2.2; ``ScheduleInterleaved1F1B``): ``2 (p - rank - 1) + (v - 1) p``
   forwards to warm up, chunk ``(k // p) mod v`` and micro-batch ``(k // (p v)) p + k mod p`` for the ``k``-th
   forward (the backward's chunks in reverse), the micro-batch count a multiple of ``p``;
+  ``zero-bubble``: each backward split into ``B`` (the activations' gradients, what the stage before waits
+  for) and ``W`` (the parameters' gradients, :func:`strategies.problem.stage_groups.weight_gradient_ops`),
+  in the order of ``torch.distributed.pipelining``'s ``ScheduleInterleavedZeroBubble`` with one stage per
+  rank (its ZB1P, Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): ``p - rank - 1`` forwards to
+  warm up, then a forward and a ``B`` in turn, each ``B`` from the ``rank``-th on followed by the oldest
+  ``W`` left, then the ``B``s left (each with a ``W``), then the ``W``s left: a ``W`` runs where 1F1B's
+  rank would wait (the bubble ``(p - 1)(F + B - W)`` where 1F1B's is ``(p - 1)(F + B + W)``);
 - what a rank holds: the activations of the micro-batches whose forward has run and whose backward has not,
   per stage; the peak over the step is what the schedule costs in memory (1F1B: ``min(p - rank, m)``
-  micro-batches on rank ``rank``; GPipe: all ``m``).
+  micro-batches on rank ``rank``; GPipe: all ``m``); a zero-bubble ``B`` leaves what its ``W`` reads.
 
 The step is when the last rank finishes; the *bubble* of a rank is the step less its busy time. Links are
 priced as the cost model prices a point-to-point send: ``bytes / bandwidth + latency``.
@@ -30,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-GPIPE, ONE_F_ONE_B, INTERLEAVED = "gpipe", "1f1b", "interleaved-1f1b"
-SCHEDULES = (GPIPE, ONE_F_ONE_B, INTERLEAVED)
-FORWARD, BACKWARD = "F", "B"
+GPIPE, ONE_F_ONE_B, INTERLEAVED, ZERO_BUBBLE = "gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"
+SCHEDULES = (GPIPE, ONE_F_ONE_B, INTERLEAVED, ZERO_BUBBLE)
+FORWARD, BACKWARD, WEIGHT = "F", "B", "W"
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,10 @@ class StageCost:
     """What it sends to the next stage (activations)."""
     gradient_bytes: float | None = None
     """What the next stage sends back to it (the activations' gradients); None: ``send_bytes``."""
+    weight_s: float = 0.0
+    """Of ``backward_s``, what makes only parameters' gradients: a zero-bubble schedule's ``W``."""
+    weight_bytes: float = 0.0
+    """What a zero-bubble ``B`` leaves alive for its ``W`` (activations and gradients ``W`` reads)."""
 
     @property
     def returned_bytes(self) -> float:
@@ -68,7 +79,7 @@ class Link:
 @dataclass(frozen=True)
 class Action:
     kind: str
-    """``F`` or ``B``."""
+    """``F``, ``B`` (the whole backward, or a zero-bubble schedule's activations' part) or ``W``."""
     stage: int
     microbatch: int
 
@@ -103,6 +114,8 @@ def rank_orders(schedule: str, ranks: int, microbatches: int, chunks: int = 1) -
         if microbatches % ranks:
             raise ValueError(f"microbatches: {microbatches} is not a multiple of the {ranks} ranks")
         return [_interleaved(rank, ranks, microbatches, chunks) for rank in range(ranks)]
+    if schedule == ZERO_BUBBLE:
+        return [_zero_bubble(rank, ranks, microbatches) for rank in range(ranks)]
     orders = []
     for rank in range(ranks):
         forwards = [Action(FORWARD, rank, i) for i in range(microbatches)]
@@ -135,6 +148,21 @@ def _interleaved(rank: int, ranks: int, microbatches: int, chunks: int) -> list[
     return order + [action(BACKWARD, k) for k in range(total - warmup, total)]
 
 
+def _zero_bubble(rank: int, ranks: int, microbatches: int) -> list[Action]:
+    """Rank ``rank``'s actions in the module docstring's zero-bubble order (one stage per rank)."""
+    warmup = min(ranks - rank - 1, microbatches)
+    order = [Action(FORWARD, rank, i) for i in range(warmup)]
+    weights = 0
+    for k in range(microbatches):
+        if warmup + k < microbatches:
+            order.append(Action(FORWARD, rank, warmup + k))
+        order.append(Action(BACKWARD, rank, k))
+        if k >= rank:
+            order.append(Action(WEIGHT, rank, weights))
+            weights += 1
+    return order + [Action(WEIGHT, rank, i) for i in range(weights, microbatches)]
+
+
 def simulate(
     stages: Sequence[StageCost],
     microbatches: int,
@@ -151,6 +179,7 @@ def simulate(
     if len(links) != len(stages) - 1:
         raise ValueError(f"link: {len(links)} links for {len(stages)} stages")
     orders = rank_orders(schedule, ranks, microbatches, chunks)
+    split = schedule == ZERO_BUBBLE
     done: dict[Action, float] = {}
     free = [0.0] * ranks
     busy = [0.0] * ranks
@@ -170,7 +199,7 @@ def simulate(
                     break
                 cost = stages[action.stage]
                 start = max(free[rank], ready)
-                seconds = cost.forward_s if action.kind == FORWARD else cost.backward_s
+                seconds = _seconds(action.kind, cost, split)
                 free[rank] = done[action] = start + seconds
                 busy[rank] += seconds
                 if action.kind == FORWARD:
@@ -178,9 +207,12 @@ def simulate(
                     held_bytes[rank] += cost.activation_bytes
                     peak[rank] = max(peak[rank], held[rank])
                     peak_bytes[rank] = max(peak_bytes[rank], held_bytes[rank])
+                elif action.kind == BACKWARD and split:  # what its W reads stays
+                    held_bytes[rank] += cost.weight_bytes - cost.activation_bytes
+                    peak_bytes[rank] = max(peak_bytes[rank], held_bytes[rank])
                 else:
                     held[rank] -= 1
-                    held_bytes[rank] -= cost.activation_bytes
+                    held_bytes[rank] -= cost.weight_bytes if split else cost.activation_bytes
                 position[rank] += 1
                 progressed = True
         if not progressed:
@@ -189,11 +221,22 @@ def simulate(
     return PipelineStep(max(free), tuple(busy), tuple(peak), tuple(peak_bytes), sent)
 
 
+def _seconds(kind: str, cost: StageCost, split: bool) -> float:
+    """An action's seconds: a forward's, a whole backward's, or (``split``) its ``B`` or ``W`` part's."""
+    if kind == FORWARD:
+        return cost.forward_s
+    if not split:
+        return cost.backward_s
+    return cost.weight_s if kind == WEIGHT else cost.backward_s - cost.weight_s
+
+
 def _ready(
     action: Action, done: dict[Action, float], stages: Sequence[StageCost], links: list[Link], last: int
 ) -> float | None:
     """When ``action``'s inputs are there (None: not yet known, an input's action has not run)."""
     s, i = action.stage, action.microbatch
+    if action.kind == WEIGHT:
+        return done.get(Action(BACKWARD, s, i))
     if action.kind == FORWARD:
         if s == 0:
             return 0.0
@@ -249,6 +292,7 @@ __all__ = [
     "INTERLEAVED",
     "ONE_F_ONE_B",
     "SCHEDULES",
+    "ZERO_BUBBLE",
     "Action",
     "Link",
     "PipelineStep",

@@ -10,8 +10,10 @@ memory.
 
 The micro-batch count ``m`` and the schedule are chosen where the request leaves them open: ``m`` among
 ``p``, ``2p``, ``4p`` (those dividing the batch), each a plan of its own; the schedules ``1f1b``,
+``zero-bubble`` (its backward split in two, the parameters' gradients filling the bubble),
 ``interleaved-1f1b`` with 2 or 4 stages per rank, and ``gpipe`` (``torch.distributed.pipelining``'s
-``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ``ScheduleGPipe``). The pair of least step
+``Schedule1F1B``, ``ScheduleInterleavedZeroBubble`` with one stage per rank, ``ScheduleInterleaved1F1B``,
+``ScheduleGPipe``). The pair of least step
 whose every stage fits the memory limit wins. The plan's program counts ``1/p`` of every parameter's memory
 (with its gradient and optimizer state) and one micro-batch's activations of the whole model: the first
 stage's under 1F1B with ``m >= p`` (its ``1/p`` of the layers, ``p`` micro-batches of activations each; the
@@ -38,12 +40,12 @@ import numpy as np
 
 from solver.errors import InfeasibleError
 from strategies.cost.mesh import Mesh
-from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B
+from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, ZERO_BUBBLE
 from strategies.plan.request import DEFAULT_BATCH, PIPELINE_AXIS, PlanOutcome, PlanRequest, request_record
 from strategies.plan.stages import PipelinePrediction, layer_profile, predict_pipeline, stage_link
 from strategies.units import bytes_text
 
-PLANNED_SCHEDULES = (ONE_F_ONE_B, INTERLEAVED, GPIPE)
+PLANNED_SCHEDULES = (ONE_F_ONE_B, ZERO_BUBBLE, INTERLEAVED, GPIPE)
 INTERLEAVED_CHUNKS = (2, 4)
 """Stages per rank tried for ``interleaved-1f1b`` (Megatron-LM's virtual pipeline stages)."""
 PER_DEVICE_WORK = (

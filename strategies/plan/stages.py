@@ -51,6 +51,11 @@ class LayerCost:
     backward_s: float
     activation_bytes: float
     parameter_bytes: float
+    weight_s: float = 0.0
+    """Of ``backward_s``, the ops making only parameters' gradients (a zero-bubble schedule's ``W``)."""
+    weight_bytes: float = 0.0
+    """What a zero-bubble ``B`` leaves alive for its ``W``: the kept activations and the backward's values
+    that ``W`` reads."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,8 @@ def layer_profile(
     last_backward = max(p for p in layer_positions if p > back)
     weight = built.node_weights()
     keys = [*captured, FIRST, LAST]
-    fwd, bwd, act, par = ({key: 0.0 for key in keys} for _ in range(4))
+    fwd, bwd, act, par, wgt, wbytes = ({key: 0.0 for key in keys} for _ in range(6))
+    weight_ops, read_by_weight = built.weight_ops, built.read_by_weight_ops
     counted = 0.0  # the parameters' and the left-out layers' memory as the plan counts it
     # a parameter's first reader, a gradient's maker: the op whose stage holds it
     neighbour: dict[int, int] = {}
@@ -174,19 +180,23 @@ def layer_profile(
         if node.kind == "op":
             seconds = float(weight[i] * node.compute_s[chosen[i]])
             (fwd if starts[i] <= back else bwd)[key] += seconds
+            wgt[key] += seconds if node.name in weight_ops else 0.0
         start, end = built.problem.intervals[i]
         nbytes = float(node.memory_bytes[chosen[i]])
         if node.kind in (*PARAMETER_KINDS, "ghost"):  # a ghost: the left-out layers' share of a value
             counted += nbytes
         if node.kind in PARAMETER_KINDS:
             par[key] += nbytes / built.parameter_memory_share  # the whole parameter, not a stage's share
-        elif node.kind in ACTIVATION_KINDS and start <= back < end:
-            act[key] += nbytes
+        elif node.kind in ACTIVATION_KINDS and (start <= back < end or start > back):
+            read_by_w = (node.held_for or node.name) in read_by_weight and node.name not in weight_ops
+            act[key] += nbytes if start <= back else 0.0
+            wbytes[key] += nbytes if read_by_w else 0.0
     moves = plan_moves(built, chosen)
     for move in moves.moves:
         consumer = built.edges[move.edge].consumer
         key = group(consumer)
         (fwd if starts[consumer] <= back else bwd)[key] += move.seconds
+        wgt[key] += move.seconds if built.nodes[consumer].name in weight_ops else 0.0
     for consumer, seconds in moves.closure_s.items():
         bwd[group(consumer)] += seconds
     total = sum(fwd.values()) + sum(bwd.values())
@@ -198,7 +208,14 @@ def layer_profile(
     def cost(key: int | str, weight: float = 1.0) -> LayerCost:
         # a middle copy's seconds are weighted for the layers it stands for; its bytes are one layer's (the
         # ghosts hold the left-out layers' and are not counted here)
-        return LayerCost(fwd[key] * scale / weight, bwd[key] * scale / weight, act[key], par[key])
+        return LayerCost(
+            fwd[key] * scale / weight,
+            bwd[key] * scale / weight,
+            act[key],
+            par[key],
+            wgt[key] * scale / weight,
+            wbytes[key],
+        )
 
     layers = [cost(captured[0])]
     layers += [cost(middle[j % len(middle)], share) for j in range(full - 2)] if middle else []
@@ -325,6 +342,8 @@ def predict_pipeline(
                 activation_bytes=sum(p.activation_bytes for p in parts),
                 send_bytes=sends[k][0] if k < len(sends) else 0.0,
                 gradient_bytes=sends[k][1] if k < len(sends) else 0.0,
+                weight_s=sum(p.weight_s for p in parts),
+                weight_bytes=sum(p.weight_bytes for p in parts),
             )
         )
         parameters[k % ranks] += sum(p.parameter_bytes for p in parts)

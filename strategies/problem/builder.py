@@ -70,7 +70,7 @@ from strategies.problem.recompute import (
     find_candidates,
 )
 from strategies.problem.recompute import NONE as NO_RECOMPUTE
-from strategies.problem.stage_groups import Group, op_groups, stage_paths
+from strategies.problem.stage_groups import Group, op_groups, stage_paths, weight_gradient_ops
 from strategies.tensor_meta import TensorMeta, flatten_outputs
 
 if TYPE_CHECKING:
@@ -175,6 +175,11 @@ class BuiltProblem:
     op_group: dict[str, Group] | None = None
     """Each op's place in the stack of layers by name (:mod:`strategies.problem.stage_groups`); None without
     module paths or layers."""
+    weight_ops: frozenset[str] = frozenset()
+    """The backward ops making only parameters' gradients (a zero-bubble schedule's ``W``,
+    :func:`strategies.problem.stage_groups.weight_gradient_ops`); empty without ``op_group``."""
+    read_by_weight_ops: frozenset[str] = frozenset()
+    """The values (by op name) a ``W`` op reads: a zero-bubble ``B`` leaves them alive for its ``W``."""
     backward_start: int | None = None
     """The timeline position where the backward begins (ops at or before it are the forward's)."""
     parameter_memory_share: float = 1.0
@@ -523,6 +528,13 @@ def build_problem(
         and any(layer is not None for layer in built.node_layer)
     ):
         built.op_group = op_groups(order, module_path, backward_start)
+        built.weight_ops = frozenset(weight_gradient_ops(order, backward_start, built.op_group))
+        built.read_by_weight_ops = frozenset(
+            (source.args[0] if source.target is operator.getitem else source).name  # type: ignore[union-attr]
+            for node in order
+            if node.name in built.weight_ops
+            for source in node.all_input_nodes
+        )
     built.parameter_memory_share = parameter_memory_share
     built.backward_start = backward_start
     return built

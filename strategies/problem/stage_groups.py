@@ -8,6 +8,13 @@ belongs to the first stage when it runs before every layer's forward or after ev
 embedding and its gradient), else to the last (the final norm, the output head, the loss and their
 gradients). A ``getitem`` goes with the op whose output it reads. The planner prices stages by these groups
 (:mod:`strategies.plan.stages`) and the runtime runs them (:mod:`runtime.pipeline_step`): one definition.
+
+A zero-bubble schedule splits each backward in two (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+2024): the part making the gradients other layers wait for (``B``: the activations' gradients, handed down
+the stack) and the part making only parameters' gradients (``W``), run later to fill the bubble.
+:func:`weight_gradient_ops` says which backward ops are ``W``: those none of whose results reaches an op of
+another group, directly or through other backward ops. No ``B`` op reads a ``W`` op's result, so the ``B``
+part runs first and alone; everything sent back over a cut (read by an earlier group) is ``B``'s.
 """
 
 from __future__ import annotations
@@ -74,6 +81,20 @@ def op_groups(
     return groups
 
 
+def weight_gradient_ops(
+    order: Sequence[torch.fx.Node], backward_start: int, groups: Mapping[str, Group]
+) -> set[str]:
+    """The backward ops (by name) making only parameters' gradients within their own group (the module
+    docstring's ``W``); ``groups``: :func:`op_groups`'s."""
+    handed_on: set[str] = set()  # backward ops whose results reach another group
+    for node in reversed(order[backward_start:]):
+        for user in node.users:
+            if user.name in groups and (groups[user.name] != groups[node.name] or user.name in handed_on):
+                handed_on.add(node.name)
+                break
+    return {node.name for node in order[backward_start:] if node.name not in handed_on}
+
+
 def stage_of_group(group: Group, stages: Sequence[range]) -> int:
     """The stage running a group, ``stages`` being each stage's layers in order."""
     if group == FIRST:
@@ -95,4 +116,13 @@ def crossed_cuts(producer: int, consumers: Sequence[int]) -> tuple[range, range]
     )
 
 
-__all__ = ["FIRST", "LAST", "Group", "crossed_cuts", "op_groups", "stage_of_group", "stage_paths"]
+__all__ = [
+    "FIRST",
+    "LAST",
+    "Group",
+    "crossed_cuts",
+    "op_groups",
+    "stage_of_group",
+    "stage_paths",
+    "weight_gradient_ops",
+]

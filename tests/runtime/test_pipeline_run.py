@@ -2,14 +2,15 @@
 schedule.
 
 The planner's pipeline plans for the 2-layer GPT (its head untied) on pp 2 x dp 2 (1F1B) and pp 2 x tp 2
-(GPipe; 1F1B with full recomputation), GPT-2 as it is, its head tied to the embedding, on pp 2 x tp 2 (the
-weight held on both ranks, its gradient sent once per step), the `transformers` Llama on pp 2 x dp 2 and pp 2
-x tp 2, the 4-layer GPT on pp 4 and interleaved on pp 2 x dp 2, and the zoo's GPT-NeoX with dropout on and
-everything recomputed on pp 2 x tp 2 (each mask its micro-batch's, drawn again in the backward) train two
-AdamW steps equal to one process on the same micro-batches (`run_rank`'s check: the loss, every gradient of
-the first step, every parameter after the last); every
-rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds at its peak no more than 110% of
-its stage's predicted peak.
+(GPipe; zero-bubble with full recomputation), GPT-2 as it is, its head tied to the embedding, on pp 2 x tp 2
+(the weight held on both ranks, its gradient sent once per step), the `transformers` Llama on pp 2 x dp 2
+(zero-bubble) and pp 2 x tp 2 (1F1B), the 4-layer GPT on pp 4 (zero-bubble) and interleaved on pp 2 x dp 2,
+and the zoo's GPT-NeoX with dropout on and everything recomputed on pp 2 x tp 2 (each mask its
+micro-batch's, drawn again in the backward) train two AdamW steps equal to one process on the same
+micro-batches (`run_rank`'s check: the loss, every gradient of the first step, every parameter after the
+last); a zero-bubble schedule (chosen where none is asked) runs each backward as B and W apart; every
+rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds at its peak no more than 110%
+of its stage's predicted peak.
 """
 
 from __future__ import annotations
@@ -32,16 +33,21 @@ UNTIED_GPT = {
     "layers": 2,
     "options": {**GPT, "tie_embeddings": False},
 }
-CASES = {
-    "gpt pp2 x dp2": (UNTIED_GPT, "2x2", "pp,dp", {}),
+CASES = {  # without a schedule: chosen (zero-bubble, for these)
+    "gpt pp2 x dp2": (UNTIED_GPT, "2x2", "pp,dp", {"schedule": "1f1b"}),
     "gpt pp4": ({**UNTIED_GPT, "layers": 4}, "4", "pp", {}),
     "llama pp2 x dp2": ({"model": HF_LLAMA}, "2x2", "pp,dp", {}),
-    "llama pp2 x tp2": ({"model": HF_LLAMA}, "2x2", "pp,tp", {}),
+    "llama pp2 x tp2": ({"model": HF_LLAMA}, "2x2", "pp,tp", {"schedule": "1f1b"}),
     "gpt interleaved": ({**UNTIED_GPT, "layers": 4}, "2x2", "pp,dp", {"schedule": "interleaved-1f1b"}),
     "gpt gpipe": (UNTIED_GPT, "2x2", "pp,tp", {"schedule": "gpipe"}),
     "gpt recomputed": (UNTIED_GPT, "2x2", "pp,tp", {"recompute": "full"}),
     "gpt tied pp2 x tp2": ({**UNTIED_GPT, "options": GPT}, "2x2", "pp,tp", {}),
-    "gpt-neox with dropout, recomputed": ({"model": f"{ZOO}:gpt_neox"}, "2x2", "pp,tp", {"recompute": "full"}),
+    "gpt-neox with dropout, recomputed": (
+        {"model": f"{ZOO}:gpt_neox"},
+        "2x2",
+        "pp,tp",
+        {"recompute": "full"},
+    ),
 }
 DROPOUT = {"gpt-neox with dropout, recomputed"}
 
@@ -58,7 +64,7 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     model, mesh, axis_names, fields = CASES[case]
     plan = pipeline_plan(model, mesh, axis_names, **fields)
     pipeline = plan["pipeline"]
-    assert pipeline["schedule"] == fields.get("schedule", pipeline["schedule"])
+    assert pipeline["schedule"] == fields.get("schedule", "zero-bubble")
     assert bool(plan.get("recompute")) == ("recompute" in fields)
 
     report = run_checked(ranks, plan, model["model"], tmp_path / "plan.json")
@@ -73,7 +79,10 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     ):
         assert measured["sent_bytes"] == measured["predicted_sent_bytes"] > 0, (rank, measured)
         assert 0 < peak <= 1.1 * measured["predicted_peak_bytes"], (rank, peak, measured)
-        assert measured["step_s"] >= sum(measured["forward_s"]) + sum(measured["backward_s"])
+        backward = sum(measured["backward_s"]) + sum(measured["weight_s"])
+        assert measured["step_s"] >= sum(measured["forward_s"]) + backward
+        # a zero-bubble schedule runs every stage's parameters' gradients (W) apart from its B
+        assert (sum(measured["weight_s"]) > 0) == (pipeline["schedule"] == "zero-bubble"), measured
     assert ran["sent_bytes_match"]
     # one step's sends: every cut, forward and back, every micro-batch, and the shared parameters' gradients
     # once, over each stage mesh's devices

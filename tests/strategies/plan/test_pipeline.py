@@ -1,6 +1,8 @@
 """The pipeline step simulator (strategies/plan/pipeline.py) against the schedules' closed forms: GPipe and
 1F1B take ``(m + p - 1)(f + b)`` on uniform stages, the interleaved schedule cuts the bubble by its ``v``
-chunks (Narayanan et al. 2021), 1F1B holds ``p - rank`` micro-batches where GPipe holds all of them."""
+chunks (Narayanan et al. 2021), 1F1B holds ``p - rank`` micro-batches where GPipe holds all of them, the
+zero-bubble schedule's bubble is ``(p - 1)(f + b - w)`` where 1F1B's is ``(p - 1)(f + b + w)`` (Qi et al.
+2024, ZB-H1), at no more memory than 1F1B's first rank."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from strategies.plan.pipeline import (
     GPIPE,
     INTERLEAVED,
     ONE_F_ONE_B,
+    WEIGHT,
+    ZERO_BUBBLE,
     Link,
     StageCost,
     balance,
@@ -66,6 +70,37 @@ def test_every_rank_runs_every_forward_and_backward_once_forwards_first() -> Non
             for kind, s, i in seen:
                 if kind == BACKWARD:
                     assert seen.index((FORWARD, s, i)) < seen.index((BACKWARD, s, i))
+
+
+@pytest.mark.parametrize(("ranks", "microbatches"), [(4, 8), (4, 4), (2, 16), (8, 16)])
+def test_zero_bubble_fills_the_1f1b_bubble_with_the_weights_gradients(ranks: int, microbatches: int) -> None:
+    # f = 1, the activations' gradients b = 1, the parameters' w = 1 (a whole backward 2); what W reads: 6
+    stages = [StageCost(1.0, 2.0, 10.0, send_bytes=4.0, weight_s=1.0, weight_bytes=6.0)] * ranks
+    zero_bubble = simulate(stages, microbatches, ZERO_BUBBLE, FREE)
+    one_f_one_b = simulate(stages, microbatches, ONE_F_ONE_B, FREE)
+    assert one_f_one_b.bubble_s[0] == pytest.approx((ranks - 1) * 3.0)
+    assert all(bubble == pytest.approx((ranks - 1) * 1.0) for bubble in zero_bubble.bubble_s)
+    assert zero_bubble.step_s == pytest.approx(microbatches * 3.0 + (ranks - 1) * 1.0)
+    # the first rank holds what 1F1B's does; later ranks more (their W wait), never above the first
+    assert zero_bubble.peak_activation_bytes[0] == one_f_one_b.peak_activation_bytes[0]
+    assert max(zero_bubble.peak_activation_bytes) == zero_bubble.peak_activation_bytes[0]
+    assert zero_bubble.peak_activation_bytes[-1] > one_f_one_b.peak_activation_bytes[-1]
+    # without a weights' part to move, it is 1F1B
+    whole = [StageCost(1.0, 2.0, 10.0, send_bytes=4.0)] * ranks
+    assert simulate(whole, microbatches, ZERO_BUBBLE, FREE).step_s == pytest.approx(one_f_one_b.step_s)
+
+
+def test_zero_bubble_runs_each_w_after_its_b_and_the_first_ranks_at_once() -> None:
+    orders = rank_orders(ZERO_BUBBLE, 4, 8)
+    for rank, order in enumerate(orders):
+        seen = [(a.kind, a.microbatch) for a in order]
+        assert sorted(seen) == sorted((kind, i) for kind in (FORWARD, BACKWARD, WEIGHT) for i in range(8))
+        assert all(seen.index((BACKWARD, i)) < seen.index((WEIGHT, i)) for i in range(8))
+        # rank r's first r B's go without their W: those fill its wait for the B's after them
+        first_weight = seen.index((WEIGHT, 0))
+        assert sum(kind == BACKWARD for kind, _ in seen[:first_weight]) == rank + 1
+    with pytest.raises(ValueError, match="chunks"):
+        rank_orders(ZERO_BUBBLE, 4, 8, chunks=2)
 
 
 def test_a_slow_link_and_a_slow_stage_lengthen_the_step() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from runtime.plan_checks import PlanMismatch, check_plan, run_mesh
 from service.plan_view import summary
-from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, Link
+from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, ZERO_BUBBLE, Link
 from strategies.plan.planner import PlanOutcome, PlanRequest, plan_model
 from strategies.plan.stages import layer_profile, predict_pipeline
 
@@ -84,6 +84,32 @@ def test_stages_cut_every_layer_once_and_1f1b_holds_less_than_gpipe(repeated: Pl
     assert len(cuts) == 2 and one_f_one_b.cut_bytes == tuple(cuts)
     assert one_f_one_b.send_bytes == pytest.approx(6 * sum(forward + backward for forward, backward in cuts))
     assert all(bubble > 0 for bubble in one_f_one_b.bubble_s)
+
+
+def test_the_backward_splits_into_activations_and_parameters_gradients_for_zero_bubble(
+    repeated: PlanOutcome,
+) -> None:
+    built = repeated.built
+    weight_ops, group = built.weight_ops, built.op_group
+    assert weight_ops and group is not None
+    nodes = built.nodes
+    for edge in built.edges:
+        producer, consumer = nodes[edge.producer], nodes[edge.consumer]
+        if producer.kind == "op" and producer.name in weight_ops and consumer.kind == "op":
+            # a W op's result stays in its layer, read by W ops only: B never waits for W
+            assert consumer.name in weight_ops and group[consumer.name] == group[producer.name]
+        if consumer.kind == "gradient" and ".layers." in f".{consumer.name}" and producer.kind == "op":
+            assert producer.name in weight_ops, consumer.name  # every layer's parameters' gradients are W
+    profile = profile_of(repeated)
+    for layer in profile.layers:
+        assert 0 < layer.weight_s < layer.backward_s
+        assert 0 < layer.weight_bytes
+    link = Link(1e9, 1e-5)
+    zero_bubble = predict_pipeline(profile, 3, 6, ZERO_BUBBLE, link)
+    one_f_one_b = predict_pipeline(profile, 3, 6, ONE_F_ONE_B, link)
+    assert zero_bubble.stages == one_f_one_b.stages
+    assert zero_bubble.step_s < one_f_one_b.step_s
+    assert max(zero_bubble.bubble_s) < min(one_f_one_b.bubble_s)
 
 
 def test_a_stage_counts_its_share_of_every_parameters_memory(repeated: PlanOutcome) -> None:
