@@ -70,6 +70,18 @@ def compute_dtype_of(plan: Mapping[str, Any]) -> torch.dtype | None:
     return None if name is None else parse_compute_dtype(name)
 
 
+def at_full_depth(
+    plan: Mapping[str, Any], short_graph: JointGraph | None, graph: JointGraph
+) -> Mapping[str, Any]:
+    """``plan`` for the step captured as ``graph``: as it is, or, made from a short capture (``short_graph``,
+    at the same batch), expanded to every layer (:mod:`runtime.full_depth`)."""
+    if "layers" not in plan:
+        return plan
+    if short_graph is None:
+        raise PlanMismatch(f"plan: made from a short capture (layers {plan['layers']}); pass short_graph")
+    return expand_plan(plan, short_graph, graph)
+
+
 def apply_plan(
     module: torch.nn.Module,
     plan: Mapping[str, Any],
@@ -85,8 +97,8 @@ def apply_plan(
     (:class:`PlanMismatch`), and make every parameter of the module a DTensor in its planned placements
     (tied names share one), so the module's state dict is the sharded one. A mixed-precision plan
     (``request.compute_dtype``) computes on copies of the parameters in that dtype, as it was planned. A
-    plan made from a short capture of a deep model needs that capture (``short_graph``): every layer then
-    runs as the layer standing for it (:mod:`runtime.full_depth`).
+    plan made from a short capture of a deep model needs that capture (``short_graph``; a pipeline's at its
+    micro-batch size): every layer then runs as the layer standing for it (:mod:`runtime.full_depth`).
 
     A module built on the meta device (``autoshard.meta_init()``) is never made whole: each rank makes its
     own shards, initialised by ``init`` (one submodule at a time; default ``reset_parameters()``) from the
@@ -106,16 +118,12 @@ def apply_plan(
     if plan.get("pipeline"):
         micro = first_rows(example_inputs, plan["pipeline"]["microbatch_size"])
         graph = capture_for_planning(module, micro, loss_fn, compute_dtype_of(plan))
-        pipeline = PipelineStep(graph, plan, mesh)
+        pipeline = PipelineStep(graph, at_full_depth(plan, short_graph, graph), mesh)
         placed = place_parameters(
             module, graph, pipeline.parameter_placements, pipeline.stage_mesh, init, weights, only=True
         )
         return AppliedPlan(pipeline, placed, dict(module.named_buffers()))
     graph = capture_for_planning(module, example_inputs, loss_fn, compute_dtype_of(plan))
-    if "layers" in plan:
-        if short_graph is None:
-            raise PlanMismatch(f"plan: made from a short capture (layers {plan['layers']}); pass short_graph")
-        plan = expand_plan(plan, short_graph, graph)
-    step = PlannedStep(graph, plan, mesh)
+    step = PlannedStep(graph, at_full_depth(plan, short_graph, graph), mesh)
     parameters = place_parameters(module, graph, step.parameter_placements, mesh, init, weights)
     return AppliedPlan(step, parameters, dict(module.named_buffers()))

@@ -36,7 +36,11 @@ its micro-batch's tensor on every rank of its stage, each keeping its piece (:mo
 a recomputation draws again from the same state. The stand-in draws cost each rank one process's draws of a
 step again (the masks are not kept: one at a time).
 
-Not yet: short captures of deep models, inputs given as each rank's part.
+A plan of a short capture of a deep model (``plan["layers"]``) runs as any plan of one does, every layer as
+the captured layer standing for it (:func:`runtime.full_depth.expand_plan`, by ``apply_plan``, the short
+capture taken at the micro-batch size): the stages are cut from the whole stack.
+
+Not yet: inputs given as each rank's part.
 """
 
 from __future__ import annotations
@@ -138,7 +142,9 @@ class PipelineStep:
     def __init__(self, graph: JointGraph, plan: Mapping[str, Any], mesh: DeviceMesh) -> None:
         pipeline = plan["pipeline"]
         if "layers" in plan:
-            raise PlanMismatch("pipeline: a plan of a short capture does not run as a pipeline yet")
+            raise PlanMismatch(
+                "pipeline: a plan of a short capture runs expanded to every layer (apply_plan)"
+            )
         self.mesh, self.stage_mesh = mesh, stage_mesh(mesh)
         self.group = mesh.get_group(0)
         self.ranks, self.rank = mesh.size(0), mesh.get_local_rank(0)

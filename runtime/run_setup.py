@@ -9,6 +9,7 @@ only its own shards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
@@ -109,7 +110,11 @@ def build_run_model(
             )
         short = None
         if "layers" in plan:  # planned from a short capture: the same capture, to map every layer onto it
-            short, _ = capture_request(request, int(plan["layers"]["captured"]))
+            pipeline = plan.get("pipeline")
+            captured = (
+                dataclasses.replace(request, batch=pipeline["microbatch_size"]) if pipeline else request
+            )
+            short, _ = capture_request(captured, int(plan["layers"]["captured"]))
     except PlanMismatch:
         raise
     except ValueError as error:  # the plan's shapes and options do not build this model

@@ -5,10 +5,11 @@ The planner's pipeline plans for the 2-layer GPT (its head untied) on pp 2 x dp 
 (GPipe; zero-bubble with full recomputation), GPT-2 as it is, its head tied to the embedding, on pp 2 x tp 2
 (the weight held on both ranks, its gradient sent once per step), the `transformers` Llama on pp 2 x dp 2
 (zero-bubble) and pp 2 x tp 2 (1F1B), the 4-layer GPT on pp 4 (zero-bubble) and interleaved on pp 2 x dp 2,
-and the zoo's GPT-NeoX with dropout on and everything recomputed on pp 2 x tp 2 (each mask its
-micro-batch's, drawn again in the backward) train two AdamW steps equal to one process on the same
-micro-batches (`run_rank`'s check: the loss, every gradient of the first step, every parameter after the
-last); a zero-bubble schedule (chosen where none is asked) runs each backward as B and W apart; every
+the 6-layer GPT planned from a 4-layer capture (each layer run as the captured one standing for it)
+interleaved on pp 2 x dp 2, and the zoo's GPT-NeoX with dropout on and everything recomputed on pp 2 x tp 2
+(each mask its micro-batch's, drawn again in the backward) train two AdamW steps equal to one process on the
+same micro-batches (`run_rank`'s check: the loss, every gradient of the first step, every parameter after
+the last); a zero-bubble schedule (chosen where none is asked) runs each backward as B and W apart; every
 rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds at its peak no more than 110%
 of its stage's predicted peak.
 """
@@ -42,6 +43,12 @@ CASES = {  # without a schedule: chosen (zero-bubble, for these)
     "gpt gpipe": (UNTIED_GPT, "2x2", "pp,tp", {"schedule": "gpipe"}),
     "gpt recomputed": (UNTIED_GPT, "2x2", "pp,tp", {"recompute": "full"}),
     "gpt tied pp2 x tp2": ({**UNTIED_GPT, "options": GPT}, "2x2", "pp,tp", {}),
+    "gpt 6 layers from a 4-layer capture": (
+        {**UNTIED_GPT, "layers": 6},
+        "2x2",
+        "pp,dp",
+        {"captured_layers": 4, "schedule": "interleaved-1f1b"},
+    ),
     "gpt-neox with dropout, recomputed": (
         {"model": f"{ZOO}:gpt_neox"},
         "2x2",
