@@ -16,7 +16,6 @@ recomputes) under the full graph's names; the rest of the runtime then applies i
 from __future__ import annotations
 
 import operator
-import re
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -26,9 +25,9 @@ from torch import fx
 from runtime.plan_checks import PlanMismatch
 from strategies.graph.capture import JointGraph
 from strategies.problem.layer_repeat import LayerRepeat
+from strategies.problem.layer_sharing import LAYER
 
 Key = tuple[str | None, str, bool, int]
-LAYER = re.compile(r"(^|\.)layers\.\d+(\.|$)")
 
 
 def node_keys(graph: JointGraph, repeat: LayerRepeat | None) -> list[tuple[Key, str]]:

@@ -541,8 +541,8 @@ def build_problem(
 
 
 def node_layers(nodes: Sequence[ProblemNode], paths: Mapping[str, str]) -> list[int | None]:
-    """Each node's captured layer (``layers.<i>`` of its op's module path, or of its parameter's or gradient's
-    name), None outside every layer (embedding, final norm, output head, loss)."""
+    """Each node's captured layer (``layers.<i>``, ``h.<i>``, ... of its op's module path, or of its
+    parameter's or gradient's name), None outside every layer (embedding, final norm, output head, loss)."""
     layers: list[int | None] = []
     for node in nodes:
         name = node.name.removesuffix(".grad") if node.kind == "gradient" else node.held_for or node.name

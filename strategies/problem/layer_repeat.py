@@ -24,13 +24,12 @@ capture exactly:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-_LAYER_NAME = re.compile(r"(^|\.)layers\.(\d+)(\.|$)")
+from strategies.problem.layer_sharing import LAYER
 
 MIN_CAPTURED = 4
 """First, two tied middle copies (so the edge from one middle layer to the next is seen), last."""
@@ -89,22 +88,22 @@ class LayerRepeat:
 
     def captured_name(self, full_name: str) -> str:
         """The captured parameter that stands for a full-stack parameter."""
-        match = _LAYER_NAME.search(full_name)
+        match = LAYER.search(full_name)
         if match is None:
             return full_name
-        layer = int(match.group(2))
+        layer = int(match.group(1))
         for captured in range(self.captured):
             if layer in self.full_layer(captured):
-                return f"{full_name[: match.start(2)]}{captured}{full_name[match.end(2) :]}"
+                return f"{full_name[: match.start(1)]}{captured}{full_name[match.end(1) :]}"
         return full_name
 
     def _full_names(self, name: str) -> list[str]:
-        match = _LAYER_NAME.search(name)
+        match = LAYER.search(name)
         if match is None:
             return [name]
         return [
-            f"{name[: match.start(2)]}{layer}{name[match.end(2) :]}"
-            for layer in self.full_layer(int(match.group(2)))
+            f"{name[: match.start(1)]}{layer}{name[match.end(1) :]}"
+            for layer in self.full_layer(int(match.group(1)))
         ]
 
 

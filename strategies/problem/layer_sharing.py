@@ -18,11 +18,19 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+LAYER_STACKS = ("layers", "layer", "h", "blocks")
+"""The names a stack of numbered layers (an ``nn.ModuleList``) goes by: ``layers`` (Llama, Mistral, Qwen,
+GPT-NeoX, most ``transformers`` decoders, the built-in models), ``layer`` (BERT's and ViT's
+``encoder.layer``), ``h`` (GPT-2, Falcon, BLOOM: ``transformer.h``), ``blocks`` (MPT). Not T5's ``block``:
+its encoder and decoder stacks both count from 0 and would be taken for one (as an encoder-decoder's two
+``layers`` stacks are)."""
+LAYER = re.compile(rf"(?:^|\.)(?:{'|'.join(LAYER_STACKS)})\.(\d+)(?:\.|$)")
+"""A layer's part of a module path or parameter name; its group 1 is the layer's number."""
 
 
 def layer_of(path: str) -> int | None:
-    match = _LAYER.search(path)
+    """The number of the layer a module path or parameter name lies in (:data:`LAYER`); None outside."""
+    match = LAYER.search(path)
     return int(match.group(1)) if match else None
 
 
@@ -71,7 +79,7 @@ def _ops_per_layer(
 def _parameter_groups(parameters: Mapping[str, int], tied: set[int]) -> list[list[int]]:
     by_rest: dict[str, list[int]] = defaultdict(list)
     for name, index in parameters.items():
-        match = _LAYER.search(name)
+        match = LAYER.search(name)
         if match and int(match.group(1)) in tied:
             by_rest[name[: match.start(1)] + "*" + name[match.end(1) :]].append(index)
     return [members for members in by_rest.values() if len(members) > 1]

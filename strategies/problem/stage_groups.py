@@ -1,6 +1,7 @@
 """Where each op of a captured step sits in the stack of layers: what a pipeline's stages are cut by.
 
-An op inside a layer (``layers.<i>`` in its module path) belongs to that layer; so does an op outside every
+An op inside a layer (``layers.<i>``, ``h.<i>``, ... in its module path:
+:data:`strategies.problem.layer_sharing.LAYER`) belongs to that layer; so does an op outside every
 layer's module that reads a layer's values and runs among the layers or has no module at all (a gradient
 accumulation, a cast, a residual add in the root module's code): the earliest layer it reads in the backward
 (the residual stream's gradient is the next layer down's input), the last in the forward. Any other op
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from strategies.problem.layer_sharing import layer_of
+from strategies.problem.layer_sharing import LAYER_STACKS, layer_of
 
 FIRST, LAST = "first", "last"
 Group = int | str
@@ -56,7 +57,8 @@ def op_groups(
     backward = [i for i, layer in enumerate(own) if layer is not None and i >= backward_start]
     if not forward or not backward:
         raise ValueError(
-            "pipeline: the step has no ops inside numbered layers (`layers.<i>`) to cut into stages"
+            "pipeline: the step has no ops inside numbered layers (a module list named "
+            f"{', '.join(LAYER_STACKS)}: `layers.<i>`) to cut into stages"
         )
     first_forward, last_forward = forward[0], forward[-1]
     first_backward, last_backward = backward[0], backward[-1]

@@ -122,7 +122,11 @@ def test_a_four_axis_search_plans_pipelines_as_planning_them_alone(tmp_path: Pat
     alone = plan_model(request.plan_request(candidate)).plan
     # the same plan up to the solver's time limits: each micro-batch plan stops on its limit, so a busy
     # machine (the suite's other process beside it) can end it on another plan within a fraction of a percent
-    assert pipelined["step_time_s"] == pytest.approx(alone["predicted"]["step_time_s"], rel=1e-2)
+    searched = json.loads((tmp_path / pipelined["plan_file"]).read_text())["pipeline"]["microbatch"]
+    assert searched["step_time_s"] == pytest.approx(alone["pipeline"]["microbatch"]["step_time_s"], rel=1e-2)
+    # and two micro-batch plans of one cost may split their backward differently between the activations'
+    # gradients and the parameters' (a zero-bubble schedule's B and W): measured 1.6% apart under load
+    assert pipelined["step_time_s"] == pytest.approx(alone["predicted"]["step_time_s"], rel=3e-2)
     assert all(r["pipeline"] is None for mesh, r in rows.items() if len(mesh) < 4)
     # the report: the schedule under a pipeline's axes; its stages where it is shown as the winner
     from service.search.report import render_report
