@@ -6,12 +6,13 @@ The planner's pipeline plans for the 2-layer GPT (its head untied) on pp 2 x dp 
 (the weight held on both ranks, its gradient sent once per step), the `transformers` Llama on pp 2 x dp 2
 (zero-bubble) and pp 2 x tp 2 (1F1B), the 4-layer GPT on pp 4 (zero-bubble) and interleaved on pp 2 x dp 2,
 the 6-layer GPT planned from a 4-layer capture (each layer run as the captured one standing for it)
-interleaved on pp 2 x dp 2, and the zoo's GPT-NeoX with dropout on and everything recomputed on pp 2 x tp 2
-(each mask its micro-batch's, drawn again in the backward) train two AdamW steps equal to one process on the
-same micro-batches (`run_rank`'s check: the loss, every gradient of the first step, every parameter after
-the last); a zero-bubble schedule (chosen where none is asked) runs each backward as B and W apart; every
-rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds at its peak no more than 110%
-of its stage's predicted peak.
+interleaved on pp 2 x dp 2, the zoo's GPT-NeoX with dropout on and everything recomputed on pp 2 x tp 2
+(each mask its micro-batch's, drawn again in the backward) and `transformers`' GPT-2 as it is (layers
+`transformer.h.<i>`, dropout on, the head tied) on pp 2 x tp 2 train two AdamW steps equal to one process
+on the same micro-batches (`run_rank`'s check: the loss, every gradient of the first step, every parameter
+after the last); a zero-bubble schedule (chosen where none is asked) runs each backward as B and W apart;
+every rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds at its peak no more than
+110% of its stage's predicted peak.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ CASES = {  # without a schedule: chosen (zero-bubble, for these)
         "pp,tp",
         {"recompute": "full"},
     ),
+    "transformers gpt-2, tied, with dropout": ({"model": f"{ZOO}:gpt2"}, "2x2", "pp,tp", {}),
 }
-DROPOUT = {"gpt-neox with dropout, recomputed"}
+DROPOUT = {"gpt-neox with dropout, recomputed", "transformers gpt-2, tied, with dropout"}
+TIED = {"gpt tied pp2 x tp2", "transformers gpt-2, tied, with dropout"}
 
 
 def pipeline_plan(model: dict[str, Any], mesh: str, axis_names: str, **fields: Any) -> dict[str, Any]:
@@ -95,7 +98,7 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     # once, over each stage mesh's devices
     column = sum(forward + backward for forward, backward in (s["send_bytes"] for s in pipeline["stages"]))
     exchanged = sum(e["bytes"] * len(e["to_stages"]) for e in pipeline["exchanges"])
-    assert bool(exchanged) == (case == "gpt tied pp2 x tp2")
+    assert bool(exchanged) == (case in TIED)
     assert bool(report["random_ops"]["ops"]) == (case in DROPOUT)
     if case == "gpt tied pp2 x tp2":
         said = "wte.weight: held on stages 0 and 1; its gradient sent from stage 0 once per step"
