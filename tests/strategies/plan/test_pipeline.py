@@ -2,13 +2,15 @@
 1F1B take ``(m + p - 1)(f + b)`` on uniform stages, the interleaved schedule cuts the bubble by its ``v``
 chunks (Narayanan et al. 2021), 1F1B holds ``p - rank`` micro-batches where GPipe holds all of them, the
 zero-bubble schedule's bubble is ``(p - 1)(f + b - w)`` where 1F1B's is ``(p - 1)(f + b + w)`` (Qi et al.
-2024, ZB-H1), at no more memory than 1F1B's first rank."""
+2024, ZB-H1), at no more memory than 1F1B's first rank; and every rank's order is the one
+``torch.distributed.pipelining``'s schedule class builds."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
+import torch
 
 from strategies.plan.pipeline import (
     BACKWARD,
@@ -101,6 +103,74 @@ def test_zero_bubble_runs_each_w_after_its_b_and_the_first_ranks_at_once() -> No
         assert sum(kind == BACKWARD for kind, _ in seen[:first_weight]) == rank + 1
     with pytest.raises(ValueError, match="chunks"):
         rank_orders(ZERO_BUBBLE, 4, 8, chunks=2)
+
+
+class _StageStandIn:
+    """What ``torch.distributed.pipelining``'s schedules read of a stage to build their order (torch's own
+    tests stand in for a stage alike): no process group, no module to run."""
+
+    def __init__(self, stage: int, rank: int, ranks: int, stages: int) -> None:
+        self.stage_index, self.group_rank, self.group_size, self.num_stages = stage, rank, ranks, stages
+        self.is_first, self.is_last = stage == 0, stage == stages - 1
+        self.submod = torch.nn.Linear(1, 1)
+
+
+def torch_orders(
+    schedule: str, ranks: int, microbatches: int, chunks: int
+) -> list[list[tuple[str, int, int]]]:
+    """Each rank's computations in the order ``torch.distributed.pipelining``'s schedule class builds them
+    (its ``pipeline_order``), as (kind, stage, micro-batch); torch's ``I`` (a zero-bubble backward's
+    activations' part) is our ``B``."""
+    from torch.distributed.pipelining import schedules
+
+    classes = {
+        GPIPE: schedules.ScheduleGPipe,
+        ONE_F_ONE_B: schedules.Schedule1F1B,
+        INTERLEAVED: schedules.ScheduleInterleaved1F1B,
+        ZERO_BUBBLE: schedules.ScheduleInterleavedZeroBubble,
+    }
+    kinds = {"F": FORWARD, "B": BACKWARD, "I": BACKWARD, "W": WEIGHT}
+    orders = []
+    for rank in range(ranks):
+        stages = [_StageStandIn(rank + k * ranks, rank, ranks, ranks * chunks) for k in range(chunks)]
+        if schedule in (GPIPE, ONE_F_ONE_B):
+            built = classes[schedule](stages[0], microbatches)._get_pipeline_order()
+        else:
+            built = classes[schedule](stages, microbatches).pipeline_order
+        orders.append(
+            [
+                (kinds[a.computation_type.value], a.stage_index, a.microbatch_index)
+                for a in built[rank]
+                if a is not None and a.computation_type.value in kinds
+            ]
+        )
+    return orders
+
+
+@pytest.mark.parametrize(
+    ("schedule", "ranks", "microbatches", "chunks"),
+    [
+        (GPIPE, 4, 8, 1),
+        (ONE_F_ONE_B, 4, 8, 1),
+        (INTERLEAVED, 4, 8, 2),
+        (INTERLEAVED, 2, 6, 3),
+        (ZERO_BUBBLE, 4, 8, 1),
+        (ZERO_BUBBLE, 8, 16, 1),
+        (ZERO_BUBBLE, 4, 4, 1),
+    ],
+)
+def test_every_rank_runs_torchs_order(schedule: str, ranks: int, microbatches: int, chunks: int) -> None:
+    ours = [
+        [(a.kind, a.stage, a.microbatch) for a in order]
+        for order in rank_orders(schedule, ranks, microbatches, chunks)
+    ]
+    theirs = torch_orders(schedule, ranks, microbatches, chunks)
+    if schedule == ONE_F_ONE_B:
+        # torch 2.13's Schedule1F1B._get_pipeline_order numbers the last rank's forwards from 1 (its warm-up
+        # is empty, and the steady state counts on from the warm-up's last forward): micro-batches 1 to m,
+        # where the schedule it runs (_step_microbatches) does 0 to m - 1, as ours
+        theirs[-1] = [(kind, s, i - 1 if kind == FORWARD else i) for kind, s, i in theirs[-1]]
+    assert ours == theirs
 
 
 def test_a_slow_link_and_a_slow_stage_lengthen_the_step() -> None:
