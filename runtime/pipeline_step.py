@@ -9,11 +9,11 @@ plan's placements, as :class:`runtime.planned_step.PlannedStep` runs a whole ste
   the ones priced; a stage holds only the parameters its ops read;
 - the actions are the schedule's, in the order the planner simulated (:func:`strategies.plan.pipeline.
   rank_orders`: ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zero-bubble`` as ``torch.distributed.
-  pipelining`` orders them): a forward runs a stage's forward ops on one micro-batch, a backward its backward
-  ops (and the recomputations the plan makes there); a zero-bubble schedule's backward is two actions, ``B``
-  (the ops whose results reach another layer, the recomputations, the sends back) and later ``W`` (the ops
-  making only parameters' gradients, :func:`strategies.problem.stage_groups.weight_gradient_ops`), the
-  values ``W`` reads kept alive between them;
+  pipelining``'s schedule classes order them, action by action): a forward runs a stage's forward ops on
+  one micro-batch, a backward its backward ops (and the recomputations the plan makes there); a zero-bubble
+  schedule's backward is two actions, ``B`` (the ops whose results reach another layer, the recomputations,
+  the sends back) and later ``W`` (the ops making only parameters' gradients,
+  :func:`strategies.problem.stage_groups.weight_gradient_ops`), the values ``W`` reads kept alive between;
 - what crosses a cut goes as ``torch.distributed.pipelining`` hands a stage's outputs to the next: every value
   read beyond the cut is sent over it, forward with the forward, and what an earlier stage's backward reads
   (the activations' gradients) back with the backward; each rank sends its local piece, in the producing

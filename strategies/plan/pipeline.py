@@ -17,11 +17,12 @@ leaves for its backward, the bytes it sends to the next stage), the micro-batch 
   forward (the backward's chunks in reverse), the micro-batch count a multiple of ``p``;
   ``zero-bubble``: each backward split into ``B`` (the activations' gradients, what the stage before waits
   for) and ``W`` (the parameters' gradients, :func:`strategies.problem.stage_groups.weight_gradient_ops`),
-  in the order of ``torch.distributed.pipelining``'s ``ScheduleInterleavedZeroBubble`` with one stage per
-  rank (its ZB1P, Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): ``p - rank - 1`` forwards to
-  warm up, then a forward and a ``B`` in turn, each ``B`` from the ``rank``-th on followed by the oldest
-  ``W`` left, then the ``B``s left (each with a ``W``), then the ``W``s left: a ``W`` runs where 1F1B's
-  rank would wait (the bubble ``(p - 1)(F + B - W)`` where 1F1B's is ``(p - 1)(F + B + W)``);
+  in the order of ``torch.distributed.pipelining``'s ``ScheduleInterleavedZeroBubble`` (its ZB1P, Qi et
+  al., "Zero Bubble Pipeline Parallelism", ICLR 2024), one stage per rank or ``v``: ``p - rank - 1``
+  forwards to warm up (and ``(v - 1) m / max(1, m // p)`` more), then a forward and a ``B`` in turn, each
+  ``B`` from the ``rank``-th on followed by the oldest ``W`` left, then the ``B``s left (each with a ``W``),
+  then the ``W``s left: a ``W`` runs where 1F1B's rank would wait (one stage per rank: the bubble
+  ``(p - 1)(F + B - W)`` where 1F1B's is ``(p - 1)(F + B + W)``);
 - what a rank holds: the activations of the micro-batches whose forward has run and whose backward has not,
   per stage; the peak over the step is what the schedule costs in memory (1F1B: ``min(p - rank, m)``
   micro-batches on rank ``rank``; GPipe: all ``m``); a zero-bubble ``B`` leaves what its ``W`` reads.
@@ -108,14 +109,20 @@ def rank_orders(schedule: str, ranks: int, microbatches: int, chunks: int = 1) -
         raise ValueError(f"schedule: {schedule!r}; choose {', '.join(SCHEDULES)}")
     if ranks < 1 or microbatches < 1 or chunks < 1:
         raise ValueError("ranks, microbatches and chunks: at least 1 each")
-    if schedule != INTERLEAVED and chunks != 1:
+    if schedule not in (INTERLEAVED, ZERO_BUBBLE) and chunks != 1:
         raise ValueError(f"chunks: {schedule} runs one stage per rank")
     if schedule == INTERLEAVED:
         if microbatches % ranks:
             raise ValueError(f"microbatches: {microbatches} is not a multiple of the {ranks} ranks")
         return [_interleaved(rank, ranks, microbatches, chunks) for rank in range(ranks)]
     if schedule == ZERO_BUBBLE:
-        return [_zero_bubble(rank, ranks, microbatches) for rank in range(ranks)]
+        rounds = max(1, microbatches // ranks)
+        if microbatches % rounds:
+            raise ValueError(
+                f"microbatches: {microbatches} is not a multiple of its {rounds} rounds of about {ranks} "
+                "(torch's zero-bubble schedule asks it)"
+            )
+        return [_zero_bubble(rank, ranks, microbatches, chunks) for rank in range(ranks)]
     orders = []
     for rank in range(ranks):
         forwards = [Action(FORWARD, rank, i) for i in range(microbatches)]
@@ -148,19 +155,32 @@ def _interleaved(rank: int, ranks: int, microbatches: int, chunks: int) -> list[
     return order + [action(BACKWARD, k) for k in range(total - warmup, total)]
 
 
-def _zero_bubble(rank: int, ranks: int, microbatches: int) -> list[Action]:
-    """Rank ``rank``'s actions in the module docstring's zero-bubble order (one stage per rank)."""
-    warmup = min(ranks - rank - 1, microbatches)
-    order = [Action(FORWARD, rank, i) for i in range(warmup)]
+def _zero_bubble(rank: int, ranks: int, microbatches: int, chunks: int) -> list[Action]:
+    """Rank ``rank``'s actions in the module docstring's zero-bubble order, its ``chunks`` stages taken as
+    ``ScheduleInterleavedZeroBubble`` takes them: ``m / max(1, m // ranks)`` micro-batches per chunk in turn,
+    forwards up the chunks, backwards down."""
+    per_round = microbatches // max(1, microbatches // ranks)
+    total = microbatches * chunks
+    warmup = min((chunks - 1) * per_round + ranks - 1 - rank, total)
+    made = {FORWARD: [0] * chunks, BACKWARD: [0] * chunks}
+
+    def next_of(kind: str, chunk: int) -> Action:
+        microbatch = made[kind][chunk]
+        made[kind][chunk] += 1
+        return Action(kind, chunk * ranks + rank, microbatch)
+
+    order = [next_of(FORWARD, (k // per_round) % chunks) for k in range(warmup)]
+    backwards: list[Action] = []
     weights = 0
-    for k in range(microbatches):
-        if warmup + k < microbatches:
-            order.append(Action(FORWARD, rank, warmup + k))
-        order.append(Action(BACKWARD, rank, k))
-        if k >= rank:
-            order.append(Action(WEIGHT, rank, weights))
+    for k in range(warmup, warmup + total):
+        if k < total:
+            order.append(next_of(FORWARD, (k // per_round) % chunks))
+        backwards.append(next_of(BACKWARD, chunks - 1 - ((k - warmup) // per_round) % chunks))
+        order.append(backwards[-1])
+        if k - warmup >= rank:  # the oldest W left follows, but for this rank's first ``rank`` B's
+            order.append(Action(WEIGHT, backwards[weights].stage, backwards[weights].microbatch))
             weights += 1
-    return order + [Action(WEIGHT, rank, i) for i in range(weights, microbatches)]
+    return order + [Action(WEIGHT, b.stage, b.microbatch) for b in backwards[weights:]]
 
 
 def simulate(

@@ -10,10 +10,10 @@ memory.
 
 The micro-batch count ``m`` and the schedule are chosen where the request leaves them open: ``m`` among
 ``p``, ``2p``, ``4p`` (those dividing the batch), each a plan of its own; the schedules ``1f1b``,
-``zero-bubble`` (its backward split in two, the parameters' gradients filling the bubble),
-``interleaved-1f1b`` with 2 or 4 stages per rank, and ``gpipe`` (``torch.distributed.pipelining``'s
-``Schedule1F1B``, ``ScheduleInterleavedZeroBubble`` with one stage per rank, ``ScheduleInterleaved1F1B``,
-``ScheduleGPipe``). The pair of least step
+``zero-bubble`` (its backward split in two, the parameters' gradients filling the bubble) and
+``interleaved-1f1b``, each with 1 (zero-bubble), 2 or 4 stages per rank, and ``gpipe``
+(``torch.distributed.pipelining``'s ``Schedule1F1B``, ``ScheduleInterleavedZeroBubble``,
+``ScheduleInterleaved1F1B``, ``ScheduleGPipe``). The pair of least step
 whose every stage fits the memory limit wins. The plan's program counts ``1/p`` of every parameter's memory
 (with its gradient and optimizer state) and one micro-batch's activations of the whole model: the first
 stage's under 1F1B with ``m >= p`` (its ``1/p`` of the layers, ``p`` micro-batches of activations each; the
@@ -182,14 +182,14 @@ def _schedules(asked: str | None) -> tuple[str, ...]:
 def _schedule_shapes(
     schedules: tuple[str, ...], ranks: int, microbatches: int, layers: int
 ) -> list[tuple[str, int]]:
-    """Each schedule with the stages per rank it runs: one, or for ``interleaved-1f1b`` each of
-    `INTERLEAVED_CHUNKS` that leaves every stage a layer (its micro-batches a multiple of the ranks)."""
+    """Each schedule with the stages per rank it runs: one, and for ``interleaved-1f1b`` and ``zero-bubble``
+    each of `INTERLEAVED_CHUNKS` that leaves every stage a layer (its micro-batches a multiple of the ranks;
+    ``interleaved-1f1b`` has no single-stage form: that is ``1f1b``)."""
     shapes = []
     for schedule in schedules:
         if schedule != INTERLEAVED:
             shapes.append((schedule, 1))
-            continue
-        if microbatches % ranks == 0:
+        if schedule in (INTERLEAVED, ZERO_BUBBLE) and microbatches % ranks == 0:
             shapes += [(schedule, v) for v in INTERLEAVED_CHUNKS if ranks * v <= layers]
     return shapes
 

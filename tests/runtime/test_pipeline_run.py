@@ -6,13 +6,13 @@ The planner's pipeline plans for the 2-layer GPT (its head untied) on pp 2 x dp 
 (the weight held on both ranks, its gradient sent once per step), the `transformers` Llama on pp 2 x dp 2
 (zero-bubble) and pp 2 x tp 2 (1F1B), the 4-layer GPT on pp 4 (zero-bubble) and interleaved on pp 2 x dp 2,
 the 6-layer GPT planned from a 4-layer capture (each layer run as the captured one standing for it)
-interleaved on pp 2 x dp 2, the zoo's GPT-NeoX with dropout on and everything recomputed on pp 2 x tp 2
-(each mask its micro-batch's, drawn again in the backward) and `transformers`' GPT-2 as it is (layers
-`transformer.h.<i>`, dropout on, the head tied) on pp 2 x tp 2 train two AdamW steps equal to one process
-on the same micro-batches (`run_rank`'s check: the loss, every gradient of the first step, every parameter
-after the last); a zero-bubble schedule (chosen where none is asked) runs each backward as B and W apart;
-every rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds at its peak no more than
-110% of its stage's predicted peak.
+zero-bubble with 2 stages per rank on pp 2 x dp 2, the zoo's GPT-NeoX with dropout on and everything
+recomputed on pp 2 x tp 2 (each mask its micro-batch's, drawn again in the backward) and `transformers`'
+GPT-2 as it is (layers `transformer.h.<i>`, dropout on, the head tied) on pp 2 x tp 2 train two AdamW steps
+equal to one process on the same micro-batches (`run_rank`'s check: the loss, every gradient of the first
+step, every parameter after the last); a zero-bubble schedule (chosen where none is asked) runs each
+backward as B and W apart; every rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds
+at its peak no more than 110% of its stage's predicted peak.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ CASES = {  # without a schedule: chosen (zero-bubble, for these)
         {**UNTIED_GPT, "layers": 6},
         "2x2",
         "pp,dp",
-        {"captured_layers": 4, "schedule": "interleaved-1f1b"},
+        {"captured_layers": 4, "schedule": "zero-bubble"},
     ),
     "gpt-neox with dropout, recomputed": (
         {"model": f"{ZOO}:gpt_neox"},
@@ -59,6 +59,7 @@ CASES = {  # without a schedule: chosen (zero-bubble, for these)
     "transformers gpt-2, tied, with dropout": ({"model": f"{ZOO}:gpt2"}, "2x2", "pp,tp", {}),
 }
 DROPOUT = {"gpt-neox with dropout, recomputed", "transformers gpt-2, tied, with dropout"}
+TWO_STAGES_PER_RANK = {"gpt interleaved", "gpt 6 layers from a 4-layer capture"}
 TIED = {"gpt tied pp2 x tp2", "transformers gpt-2, tied, with dropout"}
 
 
@@ -76,6 +77,7 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     pipeline = plan["pipeline"]
     assert pipeline["schedule"] == fields.get("schedule", "zero-bubble")
     assert bool(plan.get("recompute")) == ("recompute" in fields)
+    assert pipeline["chunks"] == (2 if case in TWO_STAGES_PER_RANK else 1)
 
     report = run_checked(ranks, plan, model["model"], tmp_path / "plan.json")
 

@@ -101,8 +101,8 @@ def test_zero_bubble_runs_each_w_after_its_b_and_the_first_ranks_at_once() -> No
         # rank r's first r B's go without their W: those fill its wait for the B's after them
         first_weight = seen.index((WEIGHT, 0))
         assert sum(kind == BACKWARD for kind, _ in seen[:first_weight]) == rank + 1
-    with pytest.raises(ValueError, match="chunks"):
-        rank_orders(ZERO_BUBBLE, 4, 8, chunks=2)
+    with pytest.raises(ValueError, match="rounds"):
+        rank_orders(ZERO_BUBBLE, 4, 9)
 
 
 class _StageStandIn:
@@ -157,6 +157,9 @@ def torch_orders(
         (ZERO_BUBBLE, 4, 8, 1),
         (ZERO_BUBBLE, 8, 16, 1),
         (ZERO_BUBBLE, 4, 4, 1),
+        (ZERO_BUBBLE, 4, 8, 2),
+        (ZERO_BUBBLE, 2, 6, 3),
+        (ZERO_BUBBLE, 4, 12, 2),
     ],
 )
 def test_every_rank_runs_torchs_order(schedule: str, ranks: int, microbatches: int, chunks: int) -> None:
