@@ -163,7 +163,11 @@ class PipelineStep:
         }
         self.inner = PlannedStep(graph, micro, self.stage_mesh)
         self.graph = graph
-        self.stage_of = self._stages_of_ops()
+        groups = op_groups(graph.order, graph.module_path, graph.backward_start)
+        self.stage_of = {node: stage_of_group(groups[node.name], self.stages) for node in graph.order}
+        self.weight_ops = (
+            weight_gradient_ops(graph.order, graph.backward_start, groups) if self.split else set()
+        )
         self.work = self._work()
         self.parameter_placements = {
             name: placements
@@ -183,13 +187,6 @@ class PipelineStep:
         self.measured = PipelineMeasure()
 
     # what runs where ------------------------------------------------------------------------------------
-
-    def _stages_of_ops(self) -> dict[fx.Node, int]:
-        groups = op_groups(self.graph.order, self.graph.module_path, self.graph.backward_start)
-        self.weight_ops = (
-            weight_gradient_ops(self.graph.order, self.graph.backward_start, groups) if self.split else set()
-        )
-        return {node: stage_of_group(groups[node.name], self.stages) for node in self.graph.order}
 
     def _readers(self, node: fx.Node) -> list[fx.Node]:
         """The ops reading ``node``'s value (a ``getitem``'s readers for a tuple)."""

@@ -48,14 +48,14 @@ def report_text(report: dict[str, Any]) -> str:
 
 
 def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
-    """Per rank of a pipeline: its stages' seconds, its idle time beside the plan's bubble, what it sent and
-    held beside the plan's."""
+    """Per rank of a pipeline: its stages' seconds beside the plan's, its idle time beside the plan's bubble,
+    what it sent and held beside the plan's."""
     sent = "as planned" if pipeline["sent_bytes_match"] else "NOT as planned"
     lines = [
         f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches, "
         f"{len(pipeline['stages'])} stages; point-to-point bytes {sent}",
-        f"{'rank':>4}  {'stages':<8}{'forward':>10}{'backward':>10}{'idle':>9}{'plan bubble':>13}"
-        f"{'sent':>11}{'plan':>11}{'peak':>11}{'plan':>11}",
+        f"{'rank':>4}  {'stages':<8}{'forward':>10}{'backward':>10}{'plan busy':>11}{'idle':>9}"
+        f"{'plan bubble':>13}{'sent':>11}{'plan':>11}{'peak':>11}{'plan':>11}",
     ]
     bubbles = pipeline["predicted_bubble_s"]
     for rank, (entry, peak) in enumerate(zip(pipeline["ranks"], peaks, strict=True)):
@@ -63,6 +63,7 @@ def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
         lines.append(
             f"{rank:>4}  {stages:<8}{sum(entry['forward_s']) * 1e3:>8.1f}ms"
             f"{(sum(entry['backward_s']) + sum(entry.get('weight_s', ()))) * 1e3:>8.1f}ms"
+            f"{sum(entry.get('predicted_s', ())) * 1e3:>9.1f}ms"
             f"{entry['idle_s'] * 1e3:>7.1f}ms{bubbles[entry['stages'][0]] * 1e3:>11.1f}ms"
             f"{bytes_text(entry['sent_bytes']):>11}{bytes_text(entry['predicted_sent_bytes']):>11}"
             f"{bytes_text(peak):>11}{bytes_text(entry['predicted_peak_bytes']):>11}"

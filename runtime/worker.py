@@ -145,11 +145,16 @@ def _pipeline_report(step: PipelineStep, plan: dict[str, Any]) -> dict[str, Any]
     zero-bubble schedule's ``B`` and ``W`` apart), its idle time (the step less them: its bubble, with the
     sends' waits), the bytes it sent point to point; beside the plan's."""
     measured = step.measured
+    stages, microbatches = plan["pipeline"]["stages"], plan["pipeline"]["microbatches"]
     mine = {
         "stages": step.own,
         "forward_s": [measured.forward_s.get(s, 0.0) for s in step.own],
         "backward_s": [measured.backward_s.get(s, 0.0) for s in step.own],
         "weight_s": [measured.weight_s.get(s, 0.0) for s in step.own],
+        "predicted_s": [  # the plan's seconds of each of its stages over the step's micro-batches
+            sum(stages[s].get(kind, 0.0) for kind in ("forward_s", "backward_s", "weight_s")) * microbatches
+            for s in step.own
+        ],
         "step_s": measured.step_s,
         "idle_s": measured.step_s
         - sum(measured.forward_s.values())

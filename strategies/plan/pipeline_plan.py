@@ -40,7 +40,7 @@ import numpy as np
 
 from solver.errors import InfeasibleError
 from strategies.cost.mesh import Mesh
-from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, ZERO_BUBBLE
+from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, ZERO_BUBBLE, StageCost
 from strategies.plan.request import DEFAULT_BATCH, PIPELINE_AXIS, PlanOutcome, PlanRequest, request_record
 from strategies.plan.stages import PipelinePrediction, layer_profile, predict_pipeline, stage_link
 from strategies.units import bytes_text
@@ -194,6 +194,13 @@ def _schedule_shapes(
     return shapes
 
 
+def _stage_seconds(cost: StageCost, schedule: str) -> dict[str, float]:
+    """A stage's seconds per micro-batch as its schedule runs them: forward, backward (a zero-bubble
+    schedule's ``B``) and a zero-bubble schedule's ``W``."""
+    weight_s = cost.weight_s if schedule == ZERO_BUBBLE else 0.0
+    return {"forward_s": cost.forward_s, "backward_s": cost.backward_s - weight_s, "weight_s": weight_s}
+
+
 def _pipeline_plan(
     micro: dict[str, Any], mesh: Mesh, predicted: PipelinePrediction, batch: int
 ) -> dict[str, Any]:
@@ -221,6 +228,7 @@ def _pipeline_plan(
                 "bubble_s": predicted.bubble_s[k % ranks],
                 "peak_memory_bytes": int(predicted.peak_bytes[k % ranks]),
                 "send_bytes": list(predicted.cut_bytes[k]) if k < len(predicted.cut_bytes) else [0.0, 0.0],
+                **_stage_seconds(predicted.stage_costs[k], predicted.schedule),
             }
             for k, layers in enumerate(predicted.stages)
         ],

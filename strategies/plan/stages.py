@@ -315,6 +315,8 @@ class PipelinePrediction:
     backward."""
     exchanges: tuple[Exchange, ...] = ()
     """The shared parameters' gradients sent once per step (the module docstring's last paragraph)."""
+    stage_costs: tuple[StageCost, ...] = ()
+    """Per stage, one micro-batch's seconds (forward, backward, of it the parameters' gradients) and bytes."""
 
 
 def predict_pipeline(
@@ -370,6 +372,7 @@ def predict_pipeline(
         send_bytes=step.send_bytes + sum(e.nbytes * len(e.to_stages) for e in exchanges),
         cut_bytes=tuple(sends),
         exchanges=tuple(exchanges),
+        stage_costs=tuple(costs),
     )
 
 

@@ -92,6 +92,7 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
         assert measured["sent_bytes"] == measured["predicted_sent_bytes"] > 0, (rank, measured)
         assert 0 < peak <= 1.1 * measured["predicted_peak_bytes"], (rank, peak, measured)
         backward = sum(measured["backward_s"]) + sum(measured["weight_s"])
+        assert len(measured["predicted_s"]) == len(measured["stages"]) and min(measured["predicted_s"]) > 0
         assert measured["step_s"] >= sum(measured["forward_s"]) + backward
         # a zero-bubble schedule runs every stage's parameters' gradients (W) apart from its B
         assert (sum(measured["weight_s"]) > 0) == (pipeline["schedule"] == "zero-bubble"), measured

@@ -171,6 +171,18 @@ def test_a_pp_axis_plans_stages_of_the_plan_on_the_other_axes(pipelined: PlanOut
     assert predicted["peak_memory_bytes"] == max(s["peak_memory_bytes"] for s in stages)
     assert predicted["bubble_s"] == max(s["bubble_s"] for s in stages) > 0
     assert predicted["step_time_s"] > pipeline["microbatch"]["step_time_s"]
+    # each stage's seconds per micro-batch, its W apart only under zero-bubble; each rank's stages' work over
+    # the micro-batches is the step less its bubble
+    zero_bubble = pipeline["schedule"] == ZERO_BUBBLE
+    assert all(s["forward_s"] > 0 and s["backward_s"] > 0 for s in stages)
+    assert all((s["weight_s"] > 0) == zero_bubble for s in stages)
+    busy = [
+        sum(s["forward_s"] + s["backward_s"] + s["weight_s"] for s in stages[rank::2])
+        * pipeline["microbatches"]
+        for rank in (0, 1)
+    ]
+    for rank in (0, 1):
+        assert busy[rank] == pytest.approx(predicted["step_time_s"] - stages[rank]["bubble_s"], rel=1e-6)
     assert all(len(spec) == 1 for spec in plan["parameters"].values())  # placements over dp, after pp
     assert plan["request"]["axis_names"] == "pp,dp"
     assert pipelined.built.parameter_memory_share == 0.5  # a stage holds half the layers
