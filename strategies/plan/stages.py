@@ -12,8 +12,10 @@ one plan of the whole model on those axes, at the size of one micro-batch, gives
   left out (:mod:`strategies.problem.layer_repeat`): their weighted sums are shared evenly among the middle
   layers of the full stack. The seconds are then scaled so that, all layers together, they make the plan's
   simulated step (its two-stream schedule's verdict on what overlaps stays). Per layer too: the activation
-  bytes its forward leaves for its backward (the values alive across the start of the backward) and its
-  parameters' bytes (with their gradients and optimizer state).
+  bytes its forward leaves for its backward (the values alive across the start of the backward), its
+  parameters' bytes (with their gradients and optimizer state) and, for a zero-bubble schedule, the part of
+  its backward making only parameters' gradients (``W``: its seconds, and the bytes of the kept activations
+  and backward values ``W`` reads, which its ``B`` leaves alive).
 - :func:`predict_pipeline` cuts the layers into stages (:func:`~strategies.plan.pipeline.balance`), prices the
   sends between neighbouring stages (every value read beyond the cut, in its planned placement, handed on
   stage to stage: the residual stream and what every layer reads, forward; their gradients, backward; over
