@@ -219,7 +219,7 @@ def simulate(
                     break
                 cost = stages[action.stage]
                 start = max(free[rank], ready)
-                seconds = _seconds(action.kind, cost, split)
+                seconds = action_seconds(action.kind, cost, schedule)
                 free[rank] = done[action] = start + seconds
                 busy[rank] += seconds
                 if action.kind == FORWARD:
@@ -241,13 +241,11 @@ def simulate(
     return PipelineStep(max(free), tuple(busy), tuple(peak), tuple(peak_bytes), sent)
 
 
-def _seconds(kind: str, cost: StageCost, split: bool) -> float:
-    """An action's seconds: a forward's, a whole backward's, or (``split``) its ``B`` or ``W`` part's."""
-    if kind == FORWARD:
-        return cost.forward_s
-    if not split:
-        return cost.backward_s
-    return cost.weight_s if kind == WEIGHT else cost.backward_s - cost.weight_s
+def action_seconds(kind: str, cost: StageCost, schedule: str) -> float:
+    """One micro-batch's ``kind`` action on a stage of ``cost`` under ``schedule``: its forward; its backward,
+    whole, or under zero-bubble less its ``W``; its ``W`` (none but under zero-bubble)."""
+    weight_s = cost.weight_s if schedule == ZERO_BUBBLE else 0.0
+    return {FORWARD: cost.forward_s, BACKWARD: cost.backward_s - weight_s, WEIGHT: weight_s}[kind]
 
 
 def _ready(
@@ -317,6 +315,7 @@ __all__ = [
     "Link",
     "PipelineStep",
     "StageCost",
+    "action_seconds",
     "balance",
     "rank_orders",
     "simulate",

@@ -40,7 +40,17 @@ import numpy as np
 
 from solver.errors import InfeasibleError
 from strategies.cost.mesh import Mesh
-from strategies.plan.pipeline import GPIPE, INTERLEAVED, ONE_F_ONE_B, ZERO_BUBBLE, StageCost
+from strategies.plan.pipeline import (
+    BACKWARD,
+    FORWARD,
+    GPIPE,
+    INTERLEAVED,
+    ONE_F_ONE_B,
+    WEIGHT,
+    ZERO_BUBBLE,
+    StageCost,
+    action_seconds,
+)
 from strategies.plan.request import DEFAULT_BATCH, PIPELINE_AXIS, PlanOutcome, PlanRequest, request_record
 from strategies.plan.stages import PipelinePrediction, layer_profile, predict_pipeline, stage_link
 from strategies.units import bytes_text
@@ -197,8 +207,8 @@ def _schedule_shapes(
 def _stage_seconds(cost: StageCost, schedule: str) -> dict[str, float]:
     """A stage's seconds per micro-batch as its schedule runs them: forward, backward (a zero-bubble
     schedule's ``B``) and a zero-bubble schedule's ``W``."""
-    weight_s = cost.weight_s if schedule == ZERO_BUBBLE else 0.0
-    return {"forward_s": cost.forward_s, "backward_s": cost.backward_s - weight_s, "weight_s": weight_s}
+    kinds = {"forward_s": FORWARD, "backward_s": BACKWARD, "weight_s": WEIGHT}
+    return {key: action_seconds(kind, cost, schedule) for key, kind in kinds.items()}
 
 
 def _pipeline_plan(
