@@ -104,12 +104,12 @@ class Reference:
     def forward_backward(self) -> torch.Tensor:
         """One forward and backward on the example inputs (on each micro-batch of their rows in turn, the
         gradients added up and divided by their count); the loss (their mean; the gradients in ``.grad``)."""
-        from strategies.graph.capture import call_module, default_loss
+        from strategies.graph.capture import call_module, default_loss, microbatch_rows
 
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
         losses = []
-        for inputs in microbatch_inputs(self.spec.example_inputs, self.microbatches):
+        for inputs in microbatch_rows(self.spec.example_inputs, self.microbatches):
             output = call_module(self.module, inputs, self.compute_dtype)
             loss = (self.spec.loss_fn or default_loss)(output)
             (loss / self.microbatches).backward()
@@ -162,24 +162,6 @@ class Reference:
 def microbatches_of(plan: Mapping[str, Any]) -> int:
     """How many micro-batches a step of ``plan`` runs: a pipeline plan's, else one."""
     return int(plan.get("pipeline", {}).get("microbatches", 1))
-
-
-def microbatch_inputs(inputs: Any, microbatches: int) -> list[Any]:
-    """``inputs`` (example inputs as the capture takes them) as ``microbatches`` equal parts of their rows,
-    in order, as a pipeline splits its batch; every tensor is cut along its first dim."""
-    from torch.utils._pytree import tree_map_only
-
-    if microbatches == 1:
-        return [inputs]
-
-    def rows(index: int) -> Any:
-        def part(tensor: torch.Tensor) -> torch.Tensor:
-            size = tensor.shape[0] // microbatches
-            return tensor[index * size : (index + 1) * size]
-
-        return tree_map_only(torch.Tensor, part, inputs)
-
-    return [rows(index) for index in range(microbatches)]
 
 
 def file_reference(options: RunOptions) -> Path:

@@ -64,7 +64,7 @@ from runtime.plan_checks import Placements, PlanMismatch
 from runtime.plan_specs import release_mask
 from runtime.planned_step import Deviation, LiveBytes, PlannedStep, StepResult, redistribute
 from runtime.recomputation import Entry
-from strategies.graph.capture import JointGraph
+from strategies.graph.capture import JointGraph, microbatch_rows
 from strategies.placement import to_dtensor
 from strategies.plan.pipeline import BACKWARD, FORWARD, WEIGHT, ZERO_BUBBLE, Action, rank_orders
 from strategies.problem.stage_groups import crossed_cuts, op_groups, stage_of_group, weight_gradient_ops
@@ -77,11 +77,10 @@ AHEAD, BACK = 0, 1
 class StageWork:
     """One stage's ops and what it receives and sends, per micro-batch."""
 
-    forward: list[Entry] = field(default_factory=list)
-    backward: list[Entry] = field(default_factory=list)
-    """The whole backward, or a zero-bubble schedule's ``B`` (what makes the activations' gradients)."""
-    weight: list[Entry] = field(default_factory=list)
-    """A zero-bubble schedule's ``W``: the backward's ops making only parameters' gradients."""
+    entries: dict[str, list[Entry]] = field(default_factory=lambda: {FORWARD: [], BACKWARD: [], WEIGHT: []})
+    """Per action kind, its ops in order: the forward's (``F``); the whole backward's, or a zero-bubble
+    schedule's ``B`` (what makes the activations' gradients, and the recomputations); its ``W`` (the
+    backward's ops making only parameters' gradients)."""
     receives: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
     """Received before its forward (over the cut before it), before its backward (over the cut after it)."""
     sends: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
@@ -208,11 +207,11 @@ class PipelineStep:
         for entry in self.inner.entries:
             stage = work[self.stage_of[entry.node]]
             if not entry.again and position[entry.node] < backward_start:
-                stage.forward.append(entry)
+                stage.entries[FORWARD].append(entry)
             elif not entry.again and entry.node.name in self.weight_ops:
-                stage.weight.append(entry)
+                stage.entries[WEIGHT].append(entry)
             else:  # a recomputation runs with B, before any reader
-                stage.backward.append(entry)
+                stage.entries[BACKWARD].append(entry)
         for node in self.graph.order:
             made = self.stage_of[node]
             read = sorted(self._reading_stages(node) - {made})
@@ -235,11 +234,11 @@ class PipelineStep:
         """When each value of the stage goes: after its last reader on the stage (the sends and the gradient
         accumulation read too), a value made again a new one (as :mod:`runtime.recomputation` counts)."""
         events: list[tuple[list[fx.Node], list[fx.Node]]] = [(stage.receives[AHEAD], [])]
-        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.forward]
+        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.entries[FORWARD]]
         events += [([], stage.sends[AHEAD] + [self.graph.loss]), (stage.receives[BACK], [])]
-        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.backward]
+        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.entries[BACKWARD]]
         events.append(([], stage.sends[BACK]))
-        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.weight]
+        events += [([e.node], list(e.node.all_input_nodes)) for e in stage.entries[WEIGHT]]
         made_by: dict[fx.Node, int] = {}
         last: dict[tuple[fx.Node, int], int] = {}
         for index, (defines, reads) in enumerate(events):
@@ -252,8 +251,8 @@ class PipelineStep:
         drops: list[list[fx.Node]] = [[] for _ in events]
         for (node, _), index in last.items():
             drops[index].append(node)
-        forward_end = 1 + len(stage.forward)
-        backward_end = forward_end + 2 + len(stage.backward)
+        forward_end = 1 + len(stage.entries[FORWARD])
+        backward_end = forward_end + 2 + len(stage.entries[BACKWARD])
         stage.drops = {
             FORWARD: drops[1:forward_end],
             BACKWARD: drops[forward_end + 2 : backward_end],
@@ -279,19 +278,20 @@ class PipelineStep:
         """Per micro-batch, the step's inputs this rank's stages read, in their planned placements (None for
         the others); the batch split along its first dim."""
         read = {k for k, node in enumerate(self.graph.inputs) if self._reading_stages(node) & set(self.own)}
-        micro = []
-        for i in range(self.microbatches):
-            rows = slice(i * self.microbatch_size, (i + 1) * self.microbatch_size)
-            placed: list[DTensor | None] = []
-            for k, (tensor, placements) in enumerate(zip(inputs, self.inner.input_placements, strict=True)):
-                if tensor.shape[0] != self.microbatches * self.microbatch_size:
-                    raise ValueError(
-                        f"input {k}: a batch of {tensor.shape[0]}; the pipeline runs {self.microbatches} "
-                        f"micro-batches of {self.microbatch_size}"
-                    )
-                placed.append(local_part(tensor[rows], self.stage_mesh, placements) if k in read else None)
-            micro.append(placed)
-        return micro
+        for k, tensor in enumerate(inputs):
+            if tensor.shape[0] != self.microbatches * self.microbatch_size:
+                raise ValueError(
+                    f"input {k}: a batch of {tensor.shape[0]}; the pipeline runs {self.microbatches} "
+                    f"micro-batches of {self.microbatch_size}"
+                )
+        placements = self.inner.input_placements
+        return [
+            [
+                local_part(tensor, self.stage_mesh, placed) if k in read else None
+                for k, (tensor, placed) in enumerate(zip(rows, placements, strict=True))
+            ]
+            for rows in microbatch_rows(list(inputs), self.microbatches)
+        ]
 
     def assemble_inputs(self, parts: Sequence[torch.Tensor]) -> Any:
         raise ValueError("inputs: a pipeline plan takes the whole batch (local=False) for now")
@@ -303,7 +303,9 @@ class PipelineStep:
 
     @property
     def entries(self) -> list[Entry]:
-        return [entry for stage in self.own for entry in self.work[stage].forward + self.work[stage].backward]
+        return [
+            entry for stage in self.own for entries in self.work[stage].entries.values() for entry in entries
+        ]
 
     @property
     def recomputed(self) -> list[fx.Node]:
@@ -375,8 +377,7 @@ class PipelineStep:
             self._receive(
                 Hop(stage.receives[direction], action.stage - towards, action, direction), env, step.live
             )
-        entries = {FORWARD: stage.forward, BACKWARD: stage.backward, WEIGHT: stage.weight}[action.kind]
-        for entry, drops in zip(entries, stage.drops[action.kind], strict=True):
+        for entry, drops in zip(stage.entries[action.kind], stage.drops[action.kind], strict=True):
             drawn_from = step.draws.get((entry.node, action.microbatch))
             with contextlib.nullcontext() if drawn_from is None else random_ops.drawing_from(drawn_from):
                 env[entry.node] = self.inner._run(entry.node, env, step.deviations, step.live)

@@ -237,6 +237,24 @@ def first_rows(inputs: Any, rows: int) -> Any:
     return tree_map(lambda value: value[:rows] if isinstance(value, torch.Tensor) else value, inputs)
 
 
+def microbatch_rows(inputs: Any, microbatches: int) -> list[Any]:
+    """Example inputs (or a list of tensors) as ``microbatches`` equal parts of their rows, in order (every
+    tensor's first dim is the batch): a pipeline's micro-batches."""
+    if microbatches == 1:
+        return [inputs]
+
+    def rows(index: int) -> Any:
+        def part(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            size = value.shape[0] // microbatches
+            return value[index * size : (index + 1) * size]
+
+        return tree_map(part, inputs)
+
+    return [rows(index) for index in range(microbatches)]
+
+
 def call_module(module: nn.Module, inputs: Any, compute_dtype: torch.dtype | None = None) -> Any:
     """``module(*args, **kwargs)`` for example inputs as :func:`capture_step` takes them; with
     ``compute_dtype``, on copies of the parameters and floating inputs in it, as the captured step computes
