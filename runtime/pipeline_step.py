@@ -173,8 +173,10 @@ class PipelineStep:
             for name, placements in self.inner.parameter_placements.items()
             if self._reading_stages(graph.parameters[name]) & set(self.own)
         }
-        self.inner.moved_once = {  # a value another stage reads goes in its planned placements, not moved
-            key for key in self.inner.moved_once if not self._crosses(key[0])
+        # a value another stage may read goes in its planned placements: one read by another layer's ops (the
+        # planner's rule, whatever the cut) is moved for each reader, not once
+        self.inner.moved_once = {
+            key for key in self.inner.moved_once if not self._read_in_other_group(key[0], groups)
         }
         self.widest = max((len(w.sends[d]) for w in self.work for d in (AHEAD, BACK)), default=0) or 1
         self.shared = self._shared()
@@ -194,9 +196,12 @@ class PipelineStep:
     def _reading_stages(self, node: fx.Node) -> set[int]:
         return {self.stage_of[user] for user in self._readers(node)}
 
-    def _crosses(self, node: fx.Node) -> bool:
+    def _read_in_other_group(self, node: fx.Node, groups: Mapping[str, Any]) -> bool:
         values = [node, *(u for u in node.users if u.target is operator.getitem)]
-        return any(self._reading_stages(v) - {self.stage_of.get(v)} for v in values if v in self.stage_of)
+        readers = [user for value in values for user in self._readers(value)]
+        return any(
+            groups[user.name] != groups[node.name] for user in readers if user.target is not operator.getitem
+        )
 
     def _work(self) -> list[StageWork]:
         """Per stage: its entries, what it receives and sends, when each value goes."""
@@ -533,6 +538,16 @@ class PipelineStep:
             if e["from_stage"] in self.own
         )
         return per_microbatch * self.microbatches + exchanged
+
+    def predicted_collectives(self, plan: Mapping[str, Any]) -> tuple[dict[str, int], int]:
+        """What the plan says this rank runs in one step: its stages' collectives, every micro-batch, and
+        their bytes."""
+        counts: dict[str, int] = {}
+        stages = [plan["pipeline"]["stages"][s] for s in self.own]
+        for stage in stages:
+            for kind, count in stage["collectives"].items():
+                counts[kind] = counts.get(kind, 0) + count * self.microbatches
+        return counts, sum(stage["comm_bytes"] for stage in stages) * self.microbatches
 
 
 def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:

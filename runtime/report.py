@@ -19,6 +19,7 @@ def report_text(report: dict[str, Any]) -> str:
         "",
         f"step time {report['step_time_s'] * 1e3:.1f} ms (median after the first step)",
         "",
+        *(["collectives of rank 0, beside its stages' in the plan:"] if report.get("pipeline") else []),
         _collectives_table(report["collectives"], report["backend"]),
         "",
         _memory_line(report["memory"]),
@@ -51,9 +52,11 @@ def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
     """Per rank of a pipeline: its stages' seconds beside the plan's, its idle time beside the plan's bubble,
     what it sent and held beside the plan's."""
     sent = "as planned" if pipeline["sent_bytes_match"] else "NOT as planned"
+    collectives = "as planned" if pipeline.get("collectives_match") else "NOT as planned"
     lines = [
         f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches, "
-        f"{len(pipeline['stages'])} stages; point-to-point bytes {sent}",
+        f"{len(pipeline['stages'])} stages; point-to-point bytes {sent}; every rank's collectives "
+        f"(its stages') {collectives}",
         f"{'rank':>4}  {'stages':<8}{'forward':>10}{'backward':>10}{'plan busy':>11}{'idle':>9}"
         f"{'plan bubble':>13}{'sent':>11}{'plan':>11}{'peak':>11}{'plan':>11}",
     ]
@@ -68,15 +71,22 @@ def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
             f"{bytes_text(entry['sent_bytes']):>11}{bytes_text(entry['predicted_sent_bytes']):>11}"
             f"{bytes_text(peak):>11}{bytes_text(entry['predicted_peak_bytes']):>11}"
         )
+    if not pipeline.get("collectives_match"):
+        for rank, entry in enumerate(pipeline["ranks"]):
+            if entry["collectives"] != entry["predicted_collectives"]:
+                lines.append(
+                    f"rank {rank} ran collectives {_counts(entry['collectives'])}, "
+                    f"its stages plan {_counts(entry['predicted_collectives'])}"
+                )
     return lines
+
+
+def _counts(collectives: dict[str, int]) -> str:
+    return ", ".join(f"{count} {name}" for name, count in sorted(collectives.items())) or "none"
 
 
 def _collectives_table(collectives: dict[str, Any], backend: str) -> str:
     measured, expected = collectives["measured"], collectives["expected_on_backend"]
-    if expected is None:  # a pipeline: the plan has each device's average, not each stage's own
-        counts = ", ".join(f"{count} {name}" for name, count in sorted(measured.items())) or "none"
-        moved = bytes_text(collectives["measured_bytes"])
-        return f"collectives on rank 0: {counts}; {moved} (the plan does not predict them per stage)"
     names = sorted(set(measured) | set(expected) | set(collectives["predicted"]))
     verdict = "as planned" if collectives["match"] else "NOT as planned"
     if not names:

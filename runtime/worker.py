@@ -107,9 +107,18 @@ def _train(
             if dist.get_rank() == 0:
                 reference.remove()
     predicted = plan.get("predicted", {}).get("collectives", {})
-    # a pipeline's plan counts each device's average share of the micro-batch plan's collectives, not each
-    # stage's own: nothing to compare a rank's with
-    expected = None if plan.get("pipeline") else expected_collectives(predicted, options.backend)
+    predicted_bytes = plan.get("predicted", {}).get("comm_bytes")
+    if plan.get("pipeline"):  # this rank's: its stages' (the plan's whole is each device's average)
+        predicted, predicted_bytes = applied.step.predicted_collectives(plan)
+    expected = expected_collectives(predicted, options.backend)
+    collectives = {
+        "measured": measured,
+        "predicted": predicted,
+        "expected_on_backend": expected,
+        "match": measured == expected,
+        "measured_bytes": measured_bytes,
+        "predicted_bytes": predicted_bytes,
+    }
     return {
         "model": options.model,
         "mesh": plan["mesh"],
@@ -120,14 +129,7 @@ def _train(
         "loss": losses,
         "step_time_s": statistics.median(seconds[1:] or seconds),
         "step_times_s": seconds,
-        "collectives": {
-            "measured": measured,
-            "predicted": predicted,
-            "expected_on_backend": expected,
-            "match": None if expected is None else measured == expected,
-            "measured_bytes": measured_bytes,
-            "predicted_bytes": plan.get("predicted", {}).get("comm_bytes"),
-        },
+        "collectives": collectives,
         "deviations": deviations,
         "random_ops": {"ops": drawn, "path": random_ops.PATH if drawn else None},
         "recompute": {  # what the plan recomputes, and the ops made again for it
@@ -136,14 +138,15 @@ def _train(
         },
         "memory": _memory(peak, plan),
         "checked": options.check,
-        **({"pipeline": _pipeline_report(applied.step, plan)} if plan.get("pipeline") else {}),
+        **({"pipeline": _pipeline_report(applied.step, plan, collectives)} if plan.get("pipeline") else {}),
     }
 
 
-def _pipeline_report(step: PipelineStep, plan: dict[str, Any]) -> dict[str, Any]:
+def _pipeline_report(step: PipelineStep, plan: dict[str, Any], collectives: dict[str, Any]) -> dict[str, Any]:
     """Per rank of the last step: the stages it ran, the seconds of their forwards and backwards (a
     zero-bubble schedule's ``B`` and ``W`` apart), its idle time (the step less them: its bubble, with the
-    sends' waits), the bytes it sent point to point; beside the plan's."""
+    sends' waits), the bytes it sent point to point, the collectives of the first step (its ``collectives``
+    as the report has them); beside the plan's."""
     measured = step.measured
     stages, microbatches = plan["pipeline"]["stages"], plan["pipeline"]["microbatches"]
     mine = {
@@ -162,6 +165,10 @@ def _pipeline_report(step: PipelineStep, plan: dict[str, Any]) -> dict[str, Any]
         - sum(measured.weight_s.values()),
         "sent_bytes": measured.sent_bytes,
         "predicted_sent_bytes": step.predicted_sent_bytes(plan),
+        "collectives": collectives["measured"],
+        "predicted_collectives": collectives["expected_on_backend"],
+        "collective_bytes": collectives["measured_bytes"],
+        "predicted_collective_bytes": collectives["predicted_bytes"],
         "predicted_peak_bytes": max(plan["pipeline"]["stages"][s]["peak_memory_bytes"] for s in step.own),
     }
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -175,6 +182,7 @@ def _pipeline_report(step: PipelineStep, plan: dict[str, Any]) -> dict[str, Any]
         "predicted_bubble_s": [stage["bubble_s"] for stage in pipeline["stages"]],
         "ranks": everyone,
         "sent_bytes_match": all(r["sent_bytes"] == r["predicted_sent_bytes"] for r in everyone),
+        "collectives_match": all(r["collectives"] == r["predicted_collectives"] for r in everyone),
     }
 
 

@@ -238,6 +238,8 @@ def _pipeline_plan(
                 "bubble_s": predicted.bubble_s[k % ranks],
                 "peak_memory_bytes": int(predicted.peak_bytes[k % ranks]),
                 "send_bytes": list(predicted.cut_bytes[k]) if k < len(predicted.cut_bytes) else [0.0, 0.0],
+                "collectives": predicted.collectives[k],
+                "comm_bytes": predicted.comm_bytes[k],
                 **_stage_seconds(predicted.stage_costs[k], predicted.schedule),
             }
             for k, layers in enumerate(predicted.stages)

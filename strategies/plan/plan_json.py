@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -130,11 +130,18 @@ class PlanMoves:
     comm_bytes: float
     collectives: dict[str, float]
     recompute_s: float
+    edge_collectives: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Per edge whose redistribution runs collectives, how many of each (weighted, as ``collectives``)."""
+    edge_bytes: dict[int, float] = field(default_factory=dict)
+    """Per such edge, their bytes per device (weighted, as ``comm_bytes``)."""
 
 
-def plan_moves(built: BuiltProblem, chosen: np.ndarray) -> PlanMoves:
+def plan_moves(
+    built: BuiltProblem, chosen: np.ndarray, once: set[tuple[int, int]] | None = None
+) -> PlanMoves:
     """Every redistribution an assignment runs, as the runtime runs it (a value moved once for all its readers
-    moved once; the recomputations' moves again), with the steps DTensor takes."""
+    moved once; the recomputations' moves again), with the steps DTensor takes. ``once``: the values moved
+    once (:func:`moved_once`'s, unless the runtime moves fewer so: a pipeline's)."""
     problem = built.problem
     node_weight, edge_weight = built.node_weights(), built.edge_weights()
     recompute = sum(
@@ -147,7 +154,7 @@ def plan_moves(built: BuiltProblem, chosen: np.ndarray) -> PlanMoves:
         seconds = float(problem.edge_matrix(len(built.edges) + k)[chosen[u], chosen[w]]) * COST_UNIT_S
         closure_s[w] = closure_s.get(w, 0.0) + seconds
     recompute += sum(closure_s.values())
-    once = _moved_once(built, chosen)
+    once = moved_once(built, chosen) if once is None else once
     counted: set[tuple[int, int]] = set()
     runs: list[tuple[int, int]] = []  # (edge, how many times its redistribution runs)
     for e, edge in enumerate(built.edges):
@@ -161,6 +168,8 @@ def plan_moves(built: BuiltProblem, chosen: np.ndarray) -> PlanMoves:
     runs += _moved_again(built, chosen, once).items()
     comm_bytes = 0.0
     collectives: dict[str, float] = {}
+    edge_collectives: dict[int, dict[str, float]] = {}
+    edge_bytes: dict[int, float] = {}
     moves: list[Move] = []
     for e, times in runs:
         edge = built.edges[e]
@@ -172,7 +181,9 @@ def plan_moves(built: BuiltProblem, chosen: np.ndarray) -> PlanMoves:
         for step in redistribute_steps(built.mesh, meta.shape, meta.itemsize, src, dst):
             if step.collective != "local":
                 comm_bytes += step.nbytes * edge_weight[e] * times
-                collectives[step.collective] = collectives.get(step.collective, 0) + edge_weight[e] * times
+                edge_bytes[e] = edge_bytes.get(e, 0.0) + step.nbytes * edge_weight[e] * times
+                for counts in (collectives, edge_collectives.setdefault(e, {})):
+                    counts[step.collective] = counts.get(step.collective, 0) + edge_weight[e] * times
                 seconds += step.seconds
                 fixed += fixed_seconds(built.mesh, step)
                 largest = max(largest, step.nbytes)
@@ -182,7 +193,7 @@ def plan_moves(built: BuiltProblem, chosen: np.ndarray) -> PlanMoves:
         moves.append(Move(e, seconds * scale, largest, fixed * scale))
         if times == 1 and edge.kind != "gradient" and consumer.recomputed(int(chosen[edge.consumer])):
             recompute += seconds * float(edge_weight[e]) / 2  # the redistribution made again
-    return PlanMoves(moves, closure_s, comm_bytes, collectives, recompute)
+    return PlanMoves(moves, closure_s, comm_bytes, collectives, recompute, edge_collectives, edge_bytes)
 
 
 def predict(built: BuiltProblem, chosen: np.ndarray) -> dict[str, Any]:
@@ -303,7 +314,7 @@ def _moved_again(built: BuiltProblem, chosen: np.ndarray, once: set[tuple[int, i
     return moved
 
 
-def _moved_once(built: BuiltProblem, chosen: np.ndarray) -> set[tuple[int, int]]:
+def moved_once(built: BuiltProblem, chosen: np.ndarray) -> set[tuple[int, int]]:
     """(producer, output) op values every reader reads in one same other placement whose largest local piece
     is no larger than the value's own: the runtime moves such a value once and the copy replaces it."""
     wanted: dict[tuple[int, int], set[tuple[int, ...]]] = {}

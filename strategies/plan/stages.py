@@ -34,7 +34,7 @@ sums; here it is one send per holder, priced over the stages' link and added to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -58,6 +58,10 @@ class LayerCost:
     weight_bytes: float = 0.0
     """What a zero-bubble ``B`` leaves alive for its ``W``: the kept activations and the backward's values
     that ``W`` reads."""
+    collectives: dict[str, float] = field(default_factory=dict)
+    """The collectives its forward and backward run (the redistributions into its ops): how many of each."""
+    comm_bytes: float = 0.0
+    """Their bytes per device."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,14 @@ def layer_profile(
             read_by_w = (node.held_for or node.name) in read_by_weight and node.name not in weight_ops
             act[key] += nbytes if start <= back else 0.0
             wbytes[key] += nbytes if read_by_w else 0.0
-    moves = plan_moves(built, chosen)
+    moves = plan_moves(built, chosen, _moved_once_in_group(built, chosen, op_group))
+    collectives: dict[Group, dict[str, float]] = {key: {} for key in keys}
+    comm_bytes = {key: 0.0 for key in keys}
+    for e, counts in moves.edge_collectives.items():
+        key = group(built.edges[e].consumer)
+        comm_bytes[key] += moves.edge_bytes[e]
+        for kind, count in counts.items():
+            collectives[key][kind] = collectives[key].get(kind, 0.0) + count
     for move in moves.moves:
         consumer = built.edges[move.edge].consumer
         key = group(consumer)
@@ -217,6 +228,8 @@ def layer_profile(
             par[key],
             wgt[key] * scale / weight,
             wbytes[key],
+            {kind: count / weight for kind, count in collectives[key].items()},
+            comm_bytes[key] / weight,
         )
 
     layers = [cost(captured[0])]
@@ -233,6 +246,26 @@ def layer_profile(
         working,
         _shared(built, chosen, op_group, counted_in),
     )
+
+
+def _moved_once_in_group(
+    built: BuiltProblem, chosen: np.ndarray, op_group: dict[str, Group]
+) -> set[tuple[int, int]]:
+    """The values a pipeline moves once for all their readers: the plan's (:func:`~strategies.plan.plan_json.
+    moved_once`) but those an op of another group reads, which a stage may hand over the cut in their
+    planned placement (:mod:`runtime.pipeline_step` moves them for each reader)."""
+    from strategies.plan.plan_json import moved_once
+
+    readers: dict[tuple[int, int], set[Group]] = {}
+    for edge in built.edges:
+        consumer = built.nodes[edge.consumer]
+        if consumer.kind == "op":
+            readers.setdefault((edge.producer, edge.output), set()).add(op_group[consumer.name])
+    return {
+        value
+        for value in moved_once(built, chosen)
+        if readers.get(value, set()) <= {op_group[built.nodes[value[0]].name]}
+    }
 
 
 def _shared(
@@ -319,6 +352,10 @@ class PipelinePrediction:
     """The shared parameters' gradients sent once per step (the module docstring's last paragraph)."""
     stage_costs: tuple[StageCost, ...] = ()
     """Per stage, one micro-batch's seconds (forward, backward, of it the parameters' gradients) and bytes."""
+    collectives: tuple[dict[str, int], ...] = ()
+    """Per stage, the collectives one micro-batch runs on each of its devices: how many of each kind."""
+    comm_bytes: tuple[int, ...] = ()
+    """Per stage, their bytes per device."""
 
 
 def predict_pipeline(
@@ -334,11 +371,13 @@ def predict_pipeline(
     cuts = balance(layer_s, ranks * chunks, first_s, last_s)
     sends = profile.cut_bytes(cuts)
     costs: list[StageCost] = []
+    collectives: list[tuple[dict[str, int], int]] = []
     parameters = [0.0] * ranks
     for k, layers in enumerate(cuts):
         parts = [profile.layers[i] for i in layers]
         parts += [profile.first] if k == 0 else []
         parts += [profile.last] if k == len(cuts) - 1 else []
+        collectives.append(_stage_collectives(parts))
         costs.append(
             StageCost(
                 forward_s=sum(p.forward_s for p in parts),
@@ -375,7 +414,20 @@ def predict_pipeline(
         cut_bytes=tuple(sends),
         exchanges=tuple(exchanges),
         stage_costs=tuple(costs),
+        collectives=tuple(counts for counts, _ in collectives),
+        comm_bytes=tuple(nbytes for _, nbytes in collectives),
     )
+
+
+def _stage_collectives(stage: list[LayerCost]) -> tuple[dict[str, int], int]:
+    """A stage's collectives from its ``parts`` (its layers, the first's and last's extras), whole numbers (a
+    middle copy standing for several layers counts their mean), and their bytes."""
+    total: dict[str, float] = {}
+    for part in stage:
+        for kind, count in part.collectives.items():
+            total[kind] = total.get(kind, 0.0) + count
+    counts = {kind: round(count) for kind, count in sorted(total.items()) if round(count)}
+    return counts, round(sum(part.comm_bytes for part in stage))
 
 
 @dataclass(frozen=True)

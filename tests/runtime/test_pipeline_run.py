@@ -11,8 +11,9 @@ recomputed on pp 2 x tp 2 (each mask its micro-batch's, drawn again in the backw
 GPT-2 as it is (layers `transformer.h.<i>`, dropout on, the head tied) on pp 2 x tp 2 train two AdamW steps
 equal to one process on the same micro-batches (`run_rank`'s check: the loss, every gradient of the first
 step, every parameter after the last); a zero-bubble schedule (chosen where none is asked) runs each
-backward as B and W apart; every rank sends exactly the bytes the plan's cuts (and exchanges) say, and holds
-at its peak no more than 110% of its stage's predicted peak.
+backward as B and W apart; every rank sends exactly the bytes the plan's cuts (and exchanges) say, runs
+exactly the collectives its stages' plan says (kinds, counts, bytes), and holds at its peak no more than 110%
+of its stage's predicted peak.
 """
 
 from __future__ import annotations
@@ -90,13 +91,19 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
         zip(ran["ranks"], report["memory"]["peak_bytes_per_rank"], strict=True)
     ):
         assert measured["sent_bytes"] == measured["predicted_sent_bytes"] > 0, (rank, measured)
+        # its stages' collectives, every micro-batch: kinds, counts and bytes
+        assert measured["collectives"] == measured["predicted_collectives"], (rank, measured)
+        assert measured["collective_bytes"] == measured["predicted_collective_bytes"], (rank, measured)
         assert 0 < peak <= 1.1 * measured["predicted_peak_bytes"], (rank, peak, measured)
         backward = sum(measured["backward_s"]) + sum(measured["weight_s"])
         assert len(measured["predicted_s"]) == len(measured["stages"]) and min(measured["predicted_s"]) > 0
         assert measured["step_s"] >= sum(measured["forward_s"]) + backward
         # a zero-bubble schedule runs every stage's parameters' gradients (W) apart from its B
         assert (sum(measured["weight_s"]) > 0) == (pipeline["schedule"] == "zero-bubble"), measured
-    assert ran["sent_bytes_match"]
+    assert ran["sent_bytes_match"] and ran["collectives_match"]
+    if case == "gpt recomputed":  # the last stage's head reduces more than the first stage
+        first, last = (ran["ranks"][rank]["collectives"]["all_reduce"] for rank in (0, 3))
+        assert 0 < first < last, ran["ranks"]
     # one step's sends: every cut, forward and back, every micro-batch, and the shared parameters' gradients
     # once, over each stage mesh's devices
     column = sum(forward + backward for forward, backward in (s["send_bytes"] for s in pipeline["stages"]))
@@ -111,4 +118,4 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     assert sent == (column * pipeline["microbatches"] + exchanged) * devices
     text = report_text(report)
     assert f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches" in text
-    assert "point-to-point bytes as planned" in text
+    assert "point-to-point bytes as planned; every rank's collectives (its stages') as planned" in text
