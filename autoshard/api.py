@@ -61,18 +61,31 @@ class Plan:
         """The ops whose outputs the backward makes again."""
         return list(self.document.get("recompute", []))
 
-    def input_slices(self, rank: int, example_inputs: Any) -> list[tuple[slice, ...]]:
+    def input_slices(self, rank: int, example_inputs: Any) -> list[Any]:
         """Per input tensor of the step (the tensors of ``example_inputs``, global shapes, in order), the part
         rank ``rank`` loads: ``global_input[slices]`` (ranks laid out on the mesh in row-major order, as
         ``init_device_mesh`` lays them out). A data loader gives each rank that part; the applied step takes
-        it with ``local=True``."""
-        from runtime.local_inputs import input_slices, mesh_coordinate
+        it with ``local=True``. A pipeline plan's: per input, the rank's part of each micro-batch, a list of
+        slices (``torch.cat([x[s] for s in slices])`` is its part; the applied step's ``input_slices()``
+        leaves out the inputs its stages do not read)."""
+        from runtime.local_inputs import input_slices, mesh_coordinate, microbatch_slices
         from runtime.plan_checks import input_placements
         from strategies.graph.capture import input_tensors
 
         shapes = [tuple(tensor.shape) for tensor in input_tensors(example_inputs)]
         placements = input_placements(self.document, len(shapes))
-        return input_slices(placements, shapes, self.mesh_shape, mesh_coordinate(rank, self.mesh_shape))
+        coordinate = mesh_coordinate(rank, self.mesh_shape)
+        pipeline = self.document.get("pipeline")
+        if pipeline is None:
+            return input_slices(placements, shapes, self.mesh_shape, coordinate)
+        m, rows = pipeline["microbatches"], pipeline["microbatch_size"]
+        stage_shape = tuple(pipeline["stage_mesh"]["shape"])
+        stage_coordinate = coordinate[1:] if len(self.mesh_shape) > 1 else [0]
+        one = [(rows, *shape[1:]) for shape in shapes]  # one micro-batch's
+        return [
+            microbatch_slices(part, m, rows)
+            for part in input_slices(placements, one, stage_shape, stage_coordinate)
+        ]
 
     def summary(self) -> str:
         """What `autoshard plan` prints: placements by layer, step time, memory against the budget."""

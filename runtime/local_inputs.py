@@ -6,7 +6,8 @@ rows, ranks 2 and 3 the second. :func:`input_slices` gives, per input, the index
 rank's part of the global tensor, exactly as DTensor cuts a tensor (its own
 ``_compute_local_shape_and_global_offset``: ``torch.chunk``'s sizes, the last pieces smaller or empty), so
 ``global_input[slices]`` is what the rank holds when the step is given global inputs. Ranks are laid out on
-the mesh in row-major order, as ``init_device_mesh`` lays them out.
+the mesh in row-major order, as ``init_device_mesh`` lays them out. A pipeline plan's rank loads its part
+(on its stage's mesh) of every micro-batch (:func:`microbatch_slices`).
 """
 
 from __future__ import annotations
@@ -63,4 +64,11 @@ def input_slices(
     return slices
 
 
-__all__ = ["input_slices", "mesh_coordinate", "part_of"]
+def microbatch_slices(part: tuple[slice, ...], microbatches: int, rows: int) -> list[tuple[slice, ...]]:
+    """A device's part of each of a pipeline's ``microbatches`` micro-batches of ``rows`` rows, in the whole
+    batch's rows (micro-batch ``i`` is rows ``i * rows`` to ``(i + 1) * rows``), from its ``part`` of one."""
+    first, rest = part[0], part[1:]
+    return [(slice(first.start + i * rows, first.stop + i * rows), *rest) for i in range(microbatches)]
+
+
+__all__ = ["input_slices", "mesh_coordinate", "microbatch_slices", "part_of"]

@@ -40,7 +40,9 @@ A plan of a short capture of a deep model (``plan["layers"]``) runs as any plan 
 the captured layer standing for it (:func:`runtime.full_depth.expand_plan`, by ``apply_plan``, the short
 capture taken at the micro-batch size): the stages are cut from the whole stack.
 
-Not yet: inputs given as each rank's part.
+Inputs come whole (every rank alike, each keeping its part of each micro-batch) or as each rank's own part,
+as a data loader gives them (:meth:`PipelineStep.input_slices`): its part of every micro-batch, for the inputs
+its stages read only.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from runtime import random_ops
+from runtime.local_inputs import microbatch_slices
 from runtime.parameter_shards import local_part
 from runtime.plan_checks import Placements, PlanMismatch
 from runtime.plan_specs import release_mask
@@ -279,10 +282,14 @@ class PipelineStep:
 
     # inputs ---------------------------------------------------------------------------------------------
 
+    def _read_inputs(self) -> set[int]:
+        """The step's inputs this rank's stages read."""
+        return {k for k, node in enumerate(self.graph.inputs) if self._reading_stages(node) & set(self.own)}
+
     def distribute_inputs(self, inputs: Sequence[torch.Tensor]) -> list[list[DTensor | None]]:
         """Per micro-batch, the step's inputs this rank's stages read, in their planned placements (None for
         the others); the batch split along its first dim."""
-        read = {k for k, node in enumerate(self.graph.inputs) if self._reading_stages(node) & set(self.own)}
+        read = self._read_inputs()
         for k, tensor in enumerate(inputs):
             if tensor.shape[0] != self.microbatches * self.microbatch_size:
                 raise ValueError(
@@ -298,11 +305,38 @@ class PipelineStep:
             for rows in microbatch_rows(list(inputs), self.microbatches)
         ]
 
-    def assemble_inputs(self, parts: Sequence[torch.Tensor]) -> Any:
-        raise ValueError("inputs: a pipeline plan takes the whole batch (local=False) for now")
+    def input_slices(self) -> list[list[tuple[slice, ...]]]:
+        """Per input of the step, this rank's part of each micro-batch, in the whole batch's rows (micro-batch
+        ``i`` is rows ``i * size`` to ``(i + 1) * size``): a data loader gives it ``torch.cat([x[s] for s in
+        slices])``; no slices for an input its stages do not read (the first stage's token ids on the
+        last stage: it loads none of them)."""
+        read = self._read_inputs()
+        return [  # from its part of one micro-batch, on the stage mesh
+            microbatch_slices(part, self.microbatches, self.microbatch_size) if k in read else []
+            for k, part in enumerate(self.inner.input_slices())
+        ]
 
-    def input_slices(self) -> Any:
-        raise ValueError("inputs: a pipeline plan takes the whole batch for now: no per-rank slices")
+    def assemble_inputs(self, parts: Sequence[torch.Tensor]) -> list[list[DTensor | None]]:
+        """Per micro-batch, the step's inputs this rank's stages read, from this rank's parts of them as
+        :meth:`input_slices` gives them (its parts of the micro-batches, one after another); an input its
+        stages do not read is not looked at (an empty tensor will do)."""
+        if len(parts) != len(self.graph.inputs):
+            raise ValueError(f"inputs: the step takes {len(self.graph.inputs)} tensors, got {len(parts)}")
+        assembled: list[list[DTensor | None]] = [[None] * len(parts) for _ in range(self.microbatches)]
+        for k, (part, pieces) in enumerate(zip(parts, self.input_slices(), strict=True)):
+            if not pieces:
+                continue
+            rows = [piece[0].stop - piece[0].start for piece in pieces]
+            expected = [sum(rows), *(piece.stop - piece.start for piece in pieces[0][1:])]
+            if list(part.shape) != expected:
+                raise ValueError(
+                    f"input {k}: this rank's part has shape {list(part.shape)}; the plan gives it "
+                    f"{_rows_text(pieces)} of each micro-batch's rows, shape {expected} (`input_slices()` "
+                    "says which)"
+                )
+            for i, piece in enumerate(torch.split(part, rows)):
+                assembled[i][k] = self.inner.input_from_part(k, piece)
+        return assembled
 
     # the step ---------------------------------------------------------------------------------------------
 
@@ -548,6 +582,10 @@ class PipelineStep:
             for kind, count in stage["collectives"].items():
                 counts[kind] = counts.get(kind, 0) + count * self.microbatches
         return counts, sum(stage["comm_bytes"] for stage in stages) * self.microbatches
+
+
+def _rows_text(pieces: Sequence[tuple[slice, ...]]) -> str:
+    return ", ".join(f"{piece[0].start}:{piece[0].stop}" for piece in pieces)
 
 
 def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:

@@ -215,28 +215,30 @@ class PlannedStep:
         if len(parts) != len(self.graph.inputs):
             raise ValueError(f"inputs: the step takes {len(self.graph.inputs)} tensors, got {len(parts)}")
         assembled = []
-        for k, (part, node, placements, slices) in enumerate(
-            zip(parts, self.graph.inputs, self.input_placements, self.input_slices(), strict=True)
-        ):
-            whole = node.meta["val"]
+        wanted = self.input_slices()
+        for k, (part, node, slices) in enumerate(zip(parts, self.graph.inputs, wanted, strict=True)):
             expected = [piece.stop - piece.start for piece in slices]
             if list(part.shape) != expected:
                 rows = ", ".join(f"{piece.start}:{piece.stop}" for piece in slices)
                 raise ValueError(
                     f"input {k}: this rank's part has shape {list(part.shape)}; the plan gives it [{rows}] "
-                    f"of the {list(whole.shape)} input, shape {expected} (`input_slices()` says which)"
+                    f"of the {list(node.meta['val'].shape)} input, shape {expected} (`input_slices()` says "
+                    "which)"
                 )
-            assembled.append(
-                DTensor.from_local(
-                    part.to(self.mesh.device_type).contiguous(),
-                    self.mesh,
-                    placements,
-                    run_check=False,
-                    shape=whole.shape,
-                    stride=whole.stride(),
-                )
-            )
+            assembled.append(self.input_from_part(k, part))
         return assembled
+
+    def input_from_part(self, k: int, part: torch.Tensor) -> DTensor:
+        """Input ``k`` of the step, in its planned placements, from this rank's part of it (no data moves)."""
+        whole = self.graph.inputs[k].meta["val"]
+        return DTensor.from_local(
+            part.to(self.mesh.device_type).contiguous(),
+            self.mesh,
+            self.input_placements[k],
+            run_check=False,
+            shape=whole.shape,
+            stride=whole.stride(),
+        )
 
     def replicate(self, tensor: torch.Tensor) -> DTensor:
         """A tensor every rank holds whole and alike, as a replicated DTensor on the mesh's device (no data

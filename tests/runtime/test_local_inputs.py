@@ -103,3 +103,84 @@ def test_a_step_on_each_ranks_own_part_equals_the_step_on_the_whole_batch(ranks,
     plan = plan_model(request).plan
     for whole, local, largest in ranks.run(_local_and_global, plan):
         assert local == whole and largest == 0.0
+
+
+def _pipeline_local_and_global(plan: dict[str, Any]) -> dict[str, Any]:
+    """On each rank of a pipeline plan: one step on the global batch, one on this rank's parts of each
+    micro-batch (only the inputs its stages read); the losses, the largest gradient difference, its slices
+    and the plan's (`autoshard.Plan.input_slices`) for the same rank."""
+    import torch.distributed as dist
+
+    from runtime import random_ops
+    from runtime.worker import device_mesh
+    from strategies.graph.capture import input_tensors
+    from strategies.models.builder import build_model
+
+    torch.manual_seed(0)
+    spec = build_model(
+        "gpt2-small", batch=8, seq=32, dtype=torch.float32, device="cpu", layers=2, **GPT_UNTIED
+    )
+    mesh = device_mesh("cpu", tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
+    step = autoshard.apply(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
+    random_ops.seed_step(0, 0)
+    whole = step(spec.example_inputs)
+    tensors = input_tensors(spec.example_inputs)
+    slices = step.input_slices()
+    parts = [
+        torch.cat([t[s] for s in pieces]) if pieces else t[:0]
+        for t, pieces in zip(tensors, slices, strict=True)
+    ]
+    random_ops.seed_step(0, 0)
+    local = step(parts, local=True)
+    largest = max(
+        float((whole.gradients[n].full_tensor() - local.gradients[n].full_tensor()).abs().max())
+        for n in whole.gradients
+    )
+    read = next(k for k, pieces in enumerate(slices) if pieces)
+    wrong = [*parts]
+    wrong[read] = parts[read][1:]
+    with pytest.raises(ValueError, match=rf"input {read}: this rank's part has shape"):
+        step(wrong, local=True)
+    return {
+        "losses": (float(whole.loss.full_tensor()), float(local.loss.full_tensor())),
+        "largest": largest,
+        "slices": slices,
+        "planned": autoshard.Plan(plan).input_slices(dist.get_rank(), spec.example_inputs),
+    }
+
+
+GPT_UNTIED = {
+    "dim": 128,
+    "n_heads": 4,
+    "vocab_size": 256,
+    "max_seq_len": 64,
+    "ffn_dim": 512,
+    "tie_embeddings": False,
+}
+
+
+@pytest.mark.parametrize("inputs", ["R", "S(0)"])
+def test_a_pipeline_step_on_each_ranks_parts_of_its_micro_batches_equals_the_whole_batch(
+    ranks, inputs: str
+) -> None:
+    request = PlanRequest(
+        model="gpt2-small", mesh="2x2", axis_names="pp,dp", batch=8, seq=32, layers=2, dtype="float32",
+        options=GPT_UNTIED, microbatches=2, schedule="1f1b", time_limit=30, hardware="cpu",
+    )  # fmt: skip
+    plan = plan_model(request).plan
+    # the planner loads the token ids and labels whole (the embedding's output is cut over dp for free); the
+    # same plan with them cut over dp (each micro-batch's rows), its first readers gathering them
+    assert plan["inputs"] == [["R"], ["R"]]
+    plan["inputs"] = [[inputs], [inputs]]
+    answers = ranks.run(_pipeline_local_and_global, plan)
+    for rank, answer in enumerate(answers):
+        whole, local = answer["losses"]
+        assert local == whole and answer["largest"] == 0.0, (rank, answer)
+        # the micro-batches are rows 0:4 and 4:8; over dp, each dp coordinate loads half of each
+        dp = rank % 2
+        halves = [(slice(2 * dp, 2 * dp + 2), slice(0, 32)), (slice(4 + 2 * dp, 6 + 2 * dp), slice(0, 32))]
+        mine = [(slice(0, 4), slice(0, 32)), (slice(4, 8), slice(0, 32))] if inputs == "R" else halves
+        assert answer["planned"] == [mine, mine]
+        # the first stage reads the token ids, the last the labels (the loss): each loads only what it reads
+        first_stage = rank < 2
+        assert answer["slices"] == ([mine, []] if first_stage else [[], mine]), (rank, answer["slices"])

@@ -257,6 +257,21 @@ def test_a_micro_batch_size_no_plan_fits_is_passed_over(monkeypatch: pytest.Monk
         real(small_llama(mesh="2x2", axis_names="pp,dp", microbatches=2))
 
 
+def test_a_faster_schedule_over_the_memory_is_fitted_by_planning_the_micro_batch_within_less() -> None:
+    # 2 micro-batches within 7 MB: 1F1B fits (7.92 ms), zero-bubble with 2 stages per rank holds 7.33 MB as
+    # first planned (5.68 ms); planned again within less, a faster schedule than 1F1B fits
+    limit = 7.0e6
+    request = small_llama(mesh="2x2", axis_names="pp,dp", microbatches=2, memory_gib=limit / 2**30)
+    said: list[str] = []
+    plan = plan_model(request, said.append).plan
+    one_f_one_b = plan_model(dataclasses.replace(request, schedule=ONE_F_ONE_B)).plan
+    assert any("the micro-batch plan again within" in line for line in said), said
+    assert plan["pipeline"]["schedule"] != ONE_F_ONE_B
+    assert plan["predicted"]["peak_memory_bytes"] <= limit
+    assert plan["predicted"]["step_time_s"] < 0.9 * one_f_one_b["predicted"]["step_time_s"]
+    assert plan["request"]["memory_gib"] == request.memory_gib  # the request's, not the tighter plan's
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
