@@ -179,7 +179,7 @@ class PipelineStep:
         # a value another stage may read goes in its planned placements: one read by another layer's ops (the
         # planner's rule, whatever the cut) is moved for each reader, not once
         self.inner.moved_once = {
-            key for key in self.inner.moved_once if not self._read_in_other_group(key[0], groups)
+            key for key in self.inner.moved_once if not self._read_in_other_group(*key, groups)
         }
         self.widest = max((len(w.sends[d]) for w in self.work for d in (AHEAD, BACK)), default=0) or 1
         self.shared = self._shared()
@@ -199,9 +199,10 @@ class PipelineStep:
     def _reading_stages(self, node: fx.Node) -> set[int]:
         return {self.stage_of[user] for user in self._readers(node)}
 
-    def _read_in_other_group(self, node: fx.Node, groups: Mapping[str, Any]) -> bool:
-        values = [node, *(u for u in node.users if u.target is operator.getitem)]
-        readers = [user for value in values for user in self._readers(value)]
+    def _read_in_other_group(self, node: fx.Node, output: int, groups: Mapping[str, Any]) -> bool:
+        """Whether an op of another group than ``node``'s reads its output ``output``."""
+        parts = [u for u in node.users if u.target is operator.getitem and u.args[1] == output]
+        readers = [user for value in parts or [node] for user in self._readers(value)]
         return any(
             groups[user.name] != groups[node.name] for user in readers if user.target is not operator.getitem
         )

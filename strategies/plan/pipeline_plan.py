@@ -90,6 +90,7 @@ def plan_pipeline(
     schedules = _schedules(request.schedule)
     limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
     best: tuple[PipelinePrediction, PlanOutcome] | None = None
+    outcome: PlanOutcome | None = None
     least_peak = math.inf
     for m in counts:
         say(f"pipeline: {stages} stages, {m} micro-batches of {batch // m}")
@@ -106,6 +107,7 @@ def plan_pipeline(
             exact_min_peak=False,  # a stage's peak is the schedule's, not the micro-batch plan's
         )
         for attempt in range(1 + MEMORY_RETRIES):
+            outcome = None  # unless the best, its problem goes before the next is built (GBs for llama3-405b)
             try:
                 outcome = plan_model(sub, say)
             except InfeasibleError as error:  # this micro-batch size fits no plan; a smaller one may
@@ -127,8 +129,8 @@ def plan_pipeline(
             micro_peak = outcome.plan["predicted"]["peak_memory_bytes"]
             tighter = micro_peak - (max(faster.peak_bytes) - limit)
             say(
-                f"pipeline: {faster.schedule} ({faster.chunks} per rank) would take {faster.step_s:.3g} s but "
-                f"holds {bytes_text(max(faster.peak_bytes))}; the micro-batch plan again within "
+                f"pipeline: {faster.schedule} ({faster.chunks} per rank) would take {faster.step_s:.3g} s "
+                f"but holds {bytes_text(max(faster.peak_bytes))}; the micro-batch plan again within "
                 f"{bytes_text(tighter)}"
             )
             if tighter <= 0:

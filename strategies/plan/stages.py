@@ -15,7 +15,8 @@ one plan of the whole model on those axes, at the size of one micro-batch, gives
   bytes its forward leaves for its backward (the values alive across the start of the backward), its
   parameters' bytes (with their gradients and optimizer state) and, for a zero-bubble schedule, the part of
   its backward making only parameters' gradients (``W``: its seconds, and the bytes of the kept activations
-  and backward values ``W`` reads, which its ``B`` leaves alive).
+  and backward values ``W`` reads, which its ``B`` leaves alive), and the collectives its redistributions run
+  (a value an op of another layer reads moved for each reader: a stage may hand it over a cut as made).
 - :func:`predict_pipeline` cuts the layers into stages (:func:`~strategies.plan.pipeline.balance`), prices the
   sends between neighbouring stages (every value read beyond the cut, in its planned placement, handed on
   stage to stage: the residual stream and what every layer reads, forward; their gradients, backward; over
@@ -419,15 +420,15 @@ def predict_pipeline(
     )
 
 
-def _stage_collectives(stage: list[LayerCost]) -> tuple[dict[str, int], int]:
+def _stage_collectives(parts: list[LayerCost]) -> tuple[dict[str, int], int]:
     """A stage's collectives from its ``parts`` (its layers, the first's and last's extras), whole numbers (a
     middle copy standing for several layers counts their mean), and their bytes."""
     total: dict[str, float] = {}
-    for part in stage:
+    for part in parts:
         for kind, count in part.collectives.items():
             total[kind] = total.get(kind, 0.0) + count
     counts = {kind: round(count) for kind, count in sorted(total.items()) if round(count)}
-    return counts, round(sum(part.comm_bytes for part in stage))
+    return counts, round(sum(part.comm_bytes for part in parts))
 
 
 @dataclass(frozen=True)
