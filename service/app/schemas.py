@@ -230,7 +230,9 @@ class SearchSubmission(Strict):
     compute_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
         None, description="mixed precision: compute on copies of the parameters in this dtype"
     )
-    max_mesh_dims: int = Field(3, ge=1, le=4, description="mesh axes at most (4 adds pipelines: pp,dp,cp,tp)")
+    max_mesh_dims: int = Field(
+        3, ge=1, le=4, description="mesh axes at most (4 adds pipelines: pp,dp,cp,tp and pp,dp,tp)"
+    )
     axis_limits: dict[Literal["dp", "cp", "tp", "pp"], Annotated[int, Field(ge=1, le=2**20)]] = Field(
         default_factory=dict, description='the largest size of an axis by role, e.g. {"tp": 8}'
     )

@@ -6,8 +6,9 @@ whenever it fits one (:meth:`strategies.cost.mesh.Mesh.crosses_nodes`). Axis rol
 outermost first: ``dp`` (1-D); ``dp, tp`` (2-D: tensor parallel innermost, on the fast in-node link);
 ``dp, cp, tp`` (3-D: data, context, tensor parallel). The names are labels for people: the planner chooses
 every placement on every axis itself, so ``4x2`` and ``2x4`` differ by which axis crosses nodes, not by
-what each axis may do. The one exception is 4-D: ``pp, dp, cp, tp``, the outermost axis a pipeline
-(:mod:`strategies.plan.pipeline_plan`), tried only when asked (``max_mesh_dims`` 4), only with batches
+what each axis may do. The one exception is the pipeline: ``pp, dp, cp, tp`` and, beside every 3-D mesh,
+``pp, dp, tp``, the outermost axis a pipeline (:mod:`strategies.plan.pipeline_plan`), tried only when asked
+(``max_mesh_dims`` 4), only with batches
 its stages divide (a pipeline runs at least one micro-batch per stage) and no more stages than the model has
 layers (llama3-405b on 16,384 devices: 31 meshes of 128-2,048 stages for 126 layers, each failing after a
 capture and a build).
@@ -20,6 +21,10 @@ from dataclasses import dataclass
 
 AXIS_ROLES = {1: ("dp",), 2: ("dp", "tp"), 3: ("dp", "cp", "tp"), 4: ("pp", "dp", "cp", "tp")}
 """Axis names by mesh rank, outermost first (the innermost axis is the one inside a node)."""
+PIPELINE_WITHOUT_CP = ("pp", "dp", "tp")
+"""The 3-axis pipeline a 4-axis search also tries: stages, data and tensor parallelism, the layout of most
+published pipelined runs (Llama 3 405B: pp 16 x dp 128 x tp 8), which a 4-axis mesh with every axis of 2 or
+more cannot be."""
 PIPELINE_ROLE = AXIS_ROLES[4][0]
 """The name the planner reads as a pipeline axis (``strategies.plan.request.PIPELINE_AXIS``, not imported
 here: it would bring torch into the service's start-up)."""
@@ -117,22 +122,30 @@ def make_candidates(
     if max_stages is not None:
         ceilings[PIPELINE_ROLE] = min(limits.get(PIPELINE_ROLE, max_stages), max_stages)
     shapes = [
-        shape
-        for shape in mesh_shapes(devices, max_dims)
-        if all(
-            size <= ceilings.get(role, size) for role, size in zip(AXIS_ROLES[len(shape)], shape, strict=True)
-        )
+        shape for shape in mesh_shapes(devices, max_dims) if _within(shape, AXIS_ROLES[len(shape)], ceilings)
     ]
     if not shapes:
         raise ValueError(f"axis_limits: no mesh of {devices} devices keeps {limits}")
+    families = [(shape, AXIS_ROLES[len(shape)]) for shape in shapes]
+    if max_dims >= 4:  # the pipelines without context parallelism, after the 4-D ones
+        families += [
+            (shape, PIPELINE_WITHOUT_CP)
+            for shape in mesh_shapes(devices, 3)
+            if len(shape) == 3 and _within(shape, PIPELINE_WITHOUT_CP, ceilings)
+        ]
     pairs = [
-        (shape, batch)
-        for shape in shapes
+        (shape, names, batch)
+        for shape, names in families
         for batch in batch_sizes
-        if AXIS_ROLES[len(shape)][0] != PIPELINE_ROLE or batch % shape[0] == 0
+        if names[0] != PIPELINE_ROLE or batch % shape[0] == 0
     ]
     width = max(2, len(str(len(pairs) - 1)))
     return [
-        Candidate(f"c{index:0{width}d}", shape, AXIS_ROLES[len(shape)], batch, seq)
-        for index, (shape, batch) in enumerate(pairs)
+        Candidate(f"c{index:0{width}d}", shape, names, batch, seq)
+        for index, (shape, names, batch) in enumerate(pairs)
     ]
+
+
+def _within(shape: tuple[int, ...], names: tuple[str, ...], ceilings: Mapping[str, int]) -> bool:
+    """Whether no axis of ``shape`` (named ``names``) is larger than its role's ceiling."""
+    return all(size <= ceilings.get(role, size) for role, size in zip(names, shape, strict=True))

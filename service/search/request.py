@@ -35,7 +35,7 @@ class SearchRequest:
     seq: int | None = None
     """Sequence length of a language model (``None``: the planner's default); ignored by models without."""
     max_mesh_dims: int = DEFAULT_MESH_DIMS
-    """Mesh axes at most; 4 adds pipelines (``pp, dp, cp, tp``)."""
+    """Mesh axes at most; 4 adds pipelines (``pp, dp, cp, tp`` and ``pp, dp, tp``)."""
     axis_limits: dict[str, int] = field(default_factory=dict)
     """The largest size of an axis by role (``{"tp": 8}``); meshes with a larger one are not tried."""
     executor: str = "local"

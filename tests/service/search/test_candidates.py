@@ -22,9 +22,10 @@ def test_64_devices_give_16_meshes() -> None:
 
 def test_candidates_are_meshes_times_batches_with_innermost_tp() -> None:
     candidates = make_candidates(8, [16, 32], seq=128)
-    assert len(candidates) == 8
+    assert len(candidates) == 10  # 4 meshes without a pipeline and pp,dp,tp 2x2x2, at 2 batches
     assert [c.id for c in candidates][:3] == ["c00", "c01", "c02"]
-    by_mesh = {(c.mesh, c.batch): c.axis_names for c in candidates}
+    by_mesh = {(c.mesh, c.batch): c.axis_names for c in candidates if not c.pipelined}
+    assert {(c.mesh, c.axis_names) for c in candidates if c.pipelined} == {((2, 2, 2), ("pp", "dp", "tp"))}
     assert by_mesh[((8,), 16)] == ("dp",)
     assert by_mesh[((2, 4), 32)] == ("dp", "tp")
     assert by_mesh[((2, 2, 2), 16)] == ("dp", "cp", "tp")
@@ -44,6 +45,15 @@ def test_four_axes_are_a_pipeline_and_only_with_batches_its_stages_divide() -> N
     assert all(c.axis_names == ("pp", "dp", "cp", "tp") and c.batch % c.mesh[0] == 0 for c in four)
     assert ((4, 2, 2, 2), 2) not in {(c.mesh, c.batch) for c in four}  # 2 sequences cannot fill 4 stages
     assert len(four) == 7
+    # beside every 3-D mesh, a pipeline without context parallelism (Llama 3's pp x dp x tp), listed last
+    three = [c for c in candidates if len(c.mesh) == 3]
+    without_cp = [c for c in three if c.pipelined]
+    assert all(c.axis_names == ("pp", "dp", "tp") and c.batch % c.mesh[0] == 0 for c in without_cp)
+    # (8 stages fill no batch of 2 or 4)
+    assert {c.mesh for c in without_cp} == {c.mesh for c in three if not c.pipelined and c.mesh[0] <= 4}
+    assert candidates[-len(without_cp) :] == without_cp
+    assert ((4, 2, 4), 2) not in {(c.mesh, c.batch) for c in without_cp} and len(without_cp) == 8
+    assert all(len(c.mesh) < 4 and not c.pipelined for c in make_candidates(32, [4], seq=None, max_dims=3))
 
 
 def test_a_pipeline_has_no_more_stages_than_the_model_has_layers() -> None:

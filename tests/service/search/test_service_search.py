@@ -106,7 +106,7 @@ def test_a_search_over_four_axes_plans_pipelines_within_its_axis_limits(service)
     tiny = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "ffn_dim": 128, "max_seq_len": 64}
     body = {
         "model": "llama3-8b", "devices": 16, "batch_sizes": [8], "seq": 32, "layers": 4, "options": tiny,
-        "dtype": "float32", "max_mesh_dims": 4, "axis_limits": {"dp": 2, "cp": 2, "tp": 2},
+        "dtype": "float32", "max_mesh_dims": 4, "axis_limits": {"pp": 2, "dp": 2, "cp": 2, "tp": 2},
         "solver": {"time_limit_s": 10},
     }  # fmt: skip
     submitted = client.post("/v1/searches", json=body)
@@ -114,7 +114,7 @@ def test_a_search_over_four_axes_plans_pipelines_within_its_axis_limits(service)
     search = wait_done(client, submitted.headers["Location"])
     assert search["state"] == "succeeded", search
     rows = {tuple(r["mesh"]): r for r in search["results"]["candidates"]}
-    assert set(rows) == {(2, 2, 2, 2)}  # every axis but pp at most 2: 16 devices need four axes
+    assert set(rows) == {(2, 2, 2, 2)}  # every axis at most 2: 16 devices need four axes
     pipelined = rows[(2, 2, 2, 2)]
     assert pipelined["axis_names"] == ["pp", "dp", "cp", "tp"]
     assert pipelined["status"] in ("optimal", "feasible"), pipelined["error"]
