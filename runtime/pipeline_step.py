@@ -574,11 +574,13 @@ class PipelineStep:
         )
         return per_microbatch * self.microbatches + exchanged
 
-    def predicted_collectives(self, plan: Mapping[str, Any]) -> tuple[dict[str, int], int]:
+    def predicted_collectives(self, plan: Mapping[str, Any]) -> tuple[dict[str, int], int] | None:
         """What the plan says this rank runs in one step: its stages' collectives, every micro-batch, and
-        their bytes."""
+        their bytes (None: a plan made before stages counted them)."""
         counts: dict[str, int] = {}
         stages = [plan["pipeline"]["stages"][s] for s in self.own]
+        if any("collectives" not in stage for stage in stages):
+            return None
         for stage in stages:
             for kind, count in stage["collectives"].items():
                 counts[kind] = counts.get(kind, 0) + count * self.microbatches

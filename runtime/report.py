@@ -52,7 +52,8 @@ def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
     """Per rank of a pipeline: its stages' seconds beside the plan's, its idle time beside the plan's bubble,
     what it sent and held beside the plan's."""
     sent = "as planned" if pipeline["sent_bytes_match"] else "NOT as planned"
-    collectives = "as planned" if pipeline.get("collectives_match") else "NOT as planned"
+    match = pipeline.get("collectives_match")
+    collectives = "not in the plan" if match is None else "as planned" if match else "NOT as planned"
     lines = [
         f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches, "
         f"{len(pipeline['stages'])} stages; point-to-point bytes {sent}; every rank's collectives "
@@ -71,7 +72,7 @@ def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
             f"{bytes_text(entry['sent_bytes']):>11}{bytes_text(entry['predicted_sent_bytes']):>11}"
             f"{bytes_text(peak):>11}{bytes_text(entry['predicted_peak_bytes']):>11}"
         )
-    if not pipeline.get("collectives_match"):
+    if match is False:
         for rank, entry in enumerate(pipeline["ranks"]):
             if entry["collectives"] != entry["predicted_collectives"]:
                 lines.append(
@@ -87,6 +88,9 @@ def _counts(collectives: dict[str, int]) -> str:
 
 def _collectives_table(collectives: dict[str, Any], backend: str) -> str:
     measured, expected = collectives["measured"], collectives["expected_on_backend"]
+    if expected is None:  # a pipeline plan made before its stages counted their collectives
+        moved = bytes_text(collectives["measured_bytes"])
+        return f"collectives: {_counts(measured)}; {moved} (the plan does not say its stages')"
     names = sorted(set(measured) | set(expected) | set(collectives["predicted"]))
     verdict = "as planned" if collectives["match"] else "NOT as planned"
     if not names:

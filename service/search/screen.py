@@ -1,4 +1,4 @@
-"""Which pipeline candidate a search plans next: fewest stages first, then the best twin without a pipeline.
+"""Which pipeline candidate a search plans next: fewest axes, then stages, then the best twin without one.
 
 A pipeline's candidate costs several micro-batch plans (8-15 s each on llama3-405b here) and a 4-axis search
 has many of them (135 of the 172 candidates of llama3-405b on 16,384 devices with ``tp <= 8``): a budget of
@@ -7,16 +7,20 @@ minutes on two cores plans a few dozen, so their order decides which are planned
 the same batch: the same devices, the same tensor and context parallelism, each device working through the
 same tokens; the pipeline trades the twin's data-parallel collectives over ``p`` times more devices for
 point-to-point sends and the schedule's idle time. The pipelines of a batch are planned in order of their
-stages, fewest first, and among the same stages by their twin's planned step (a twin without a plan last).
+axes (``pp, dp, tp`` before ``pp, dp, cp, tp``), then of their stages, fewest first, and among the same
+stages by their twin's planned step (a twin without a plan last).
 
-Why stages first: in the full search of llama3-405b on 16,384 H100s (every candidate planned, 21.7 min), the
-pipelines' steps were 0.96-2.1x their twin's at 2 stages (median 1.14) and 1.2-2.5x at 4-64 (the idle time a
-schedule cannot hide once ``m`` micro-batches are limited by the batch per replica and the memory of ``p``
-micro-batches in flight; smaller micro-batches less efficient; three outliers of 31-51x left aside), and 84 of
-the 105 pipelines of 4-64 stages fit no schedule in 80 GiB. Ordered by twin and an ideal idle share
-``(p - 1) / (v m)`` instead, the best pipeline was the 57th planned; by stages then twin, the 14th (26th in
-the candidates' own order). ``benchmarks/README.md`` ("The 4-axis 405B search against a full one") has the
-figures.
+Why fewer axes first: a pipeline without context parallelism plans in a quarter of the time (its stage mesh
+has an axis fewer: 1-8 s against 10-24 s for llama3-405b at a search's 3 s limits), so all of them cost a
+5-minute search about a minute; and they hold the layout of published pipelined runs (Llama 3 405B: pp 16 x
+dp 128 x tp 8), which the full search of llama3-405b on 16,384 H100s ranks first (9.57 s, against 10.53 s
+for the best 4-axis pipeline and 10.97 s for the best mesh without one).
+
+Why stages first: fewer stages, fewer micro-batch plans at larger sizes, fewer that fit no schedule.
+Among the 4-axis pipelines this is a weak guide: in the full search of llama3-405b on 16,384 H100s the best
+one has 8 stages and is the 68th of them in this order; no simple order tried (by twin, by twin and an ideal
+idle share ``(p - 1) / (v m)``, ``tp`` 8 first) brings it before the 14th (``benchmarks/README.md``: "The
+4-axis 405B search against a full one" and the fourth session's figures).
 
 The order only decides what is planned first; nothing is pruned by it. A pipeline the budget leaves unplanned
 says its twin's step in its row.
@@ -64,9 +68,10 @@ class PipelineScreen:
             return pending.pop(0)
         options = [i for i, c in enumerate(pending) if c.pipelined and c.batch == first.batch]
 
-        def promise(index: int) -> tuple[int, bool, float, int]:
+        def promise(index: int) -> tuple[int, int, bool, float, int]:
             found = self.twin_step(pending[index])
-            return pending[index].mesh[0], found is None, found[0] if found else 0.0, index
+            mesh = pending[index].mesh
+            return len(mesh), mesh[0], found is None, found[0] if found else 0.0, index
 
         return pending.pop(min(options, key=promise))
 

@@ -119,3 +119,17 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     text = report_text(report)
     assert f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches" in text
     assert "point-to-point bytes as planned; every rank's collectives (its stages') as planned" in text
+
+
+def test_a_pipeline_plan_made_before_its_stages_counted_collectives_runs_and_says_so(ranks, tmp_path) -> None:
+    model, mesh, axis_names, fields = CASES["gpt gpipe"]
+    plan = pipeline_plan(model, mesh, axis_names, **fields)
+    for stage in plan["pipeline"]["stages"]:
+        del stage["collectives"], stage["comm_bytes"]
+    report = run_checked(ranks, plan, model["model"], tmp_path / "plan.json", steps=1)
+    assert report["collectives"]["match"] is None and report["pipeline"]["collectives_match"] is None
+    assert report["collectives"]["measured"]  # counted all the same
+    text = report_text(report)
+    assert (
+        "(the plan does not say its stages')" in text and "collectives (its stages') not in the plan" in text
+    )

@@ -20,7 +20,7 @@ from service.search.budget import (
     RESULTS_RESERVE_S,
     BudgetShares,
 )
-from service.search.candidates import AXIS_ROLES, Candidate
+from service.search.candidates import AXIS_ROLES, PIPELINE_WITHOUT_CP, Candidate
 from service.search.executors import LocalPoolExecutor
 from service.search.request import MIN_CANDIDATE_LIMIT_S, SearchRequest
 from service.search.runner import dispatch_order, run_search, search_candidates
@@ -314,12 +314,13 @@ def test_a_candidate_starts_only_if_its_kinds_overrun_fits_before_the_deadline()
     assert after.next_limit(now=0.0) > before.next_limit(now=0.0)
 
 
-def test_pipelines_start_fewest_stages_first_then_by_their_twins_step() -> None:
+def test_pipelines_start_fewest_axes_then_fewest_stages_first_then_by_their_twins_step() -> None:
     pipelines = [
         Candidate("a", (4, 2, 2, 2), AXIS_ROLES[4], 64, None),
         Candidate("b", (2, 4, 2, 2), AXIS_ROLES[4], 64, None),
         Candidate("c", (2, 2, 4, 2), AXIS_ROLES[4], 64, None),
         Candidate("d", (2, 2, 2, 4), AXIS_ROLES[4], 64, None),
+        Candidate("e", (8, 2, 2), PIPELINE_WITHOUT_CP, 64, None),
     ]
     mesh = Candidate("m", (4, 4, 2), AXIS_ROLES[3], 32, None)
     screen = PipelineScreen()
@@ -337,10 +338,11 @@ def test_pipelines_start_fewest_stages_first_then_by_their_twins_step() -> None:
     )  # fmt: skip  (a pipeline is no twin)
     assert screen.twin_step(pipelines[2]) == (2.0, "dp,cp,tp 4x4x2")
     pending = [*pipelines, mesh]
-    order = [screen.take_next(pending).id for _ in range(5)]
-    # 2 stages first: c (twin 4x4x2, 2.0 s), b (8x2x2, 3.0 s), d (4x2x4: no plan); then 4 stages (a,
-    # whose twin 16x2x2 is the fastest); the mesh of a smaller batch after every pipeline of 64
-    assert order == ["c", "b", "d", "a", "m"]
+    order = [screen.take_next(pending).id for _ in range(6)]
+    # a pipeline of 3 axes first, whatever its stages (e: pp,dp,tp 8x2x2); then 2 stages: c (twin 4x4x2,
+    # 2.0 s), b (8x2x2, 3.0 s), d (4x2x4: no plan); then 4 stages (a, whose twin 16x2x2 is the fastest); the
+    # mesh of a smaller batch after every pipeline of 64
+    assert order == ["e", "c", "b", "d", "a", "m"]
 
 
 def sleeping_plan(task: CandidateTask, graph: dict[str, Any]) -> dict[str, Any]:
