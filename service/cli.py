@@ -476,7 +476,7 @@ def search_command(
     from service.search.candidates import parse_axis_limits
     from service.search.display import SearchProgress, ranking_table, status_counts
     from service.search.pruning import proof_text
-    from service.search.report_page import write_report
+    from service.search.report.page import write_report
     from service.search.request import SearchRequest
     from service.search.runner import run_search
 

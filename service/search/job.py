@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from service.search.executors import InlineExecutor, RayExecutor
-from service.search.report_page import write_report
+from service.search.report.page import write_report
 from service.search.request import SearchRequest
 from service.search.results import has_plan
 from service.search.task import UNPLANNED

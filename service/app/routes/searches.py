@@ -59,7 +59,7 @@ def get_report(
     search_id: SearchId, session: SessionDep, settings: SettingsDep, principal: Reader
 ) -> HTMLResponse:
     """The search's HTML report (ranking, throughput against memory, time split, the winner's plan)."""
-    from service.search.report_page import report_renderer
+    from service.search.report.page import report_renderer
 
     job = _search_job(session, search_id, principal)
     results = _results(session, job)

@@ -133,8 +133,8 @@ def test_a_four_axis_search_plans_pipelines_as_planning_them_alone(tmp_path: Pat
         *(((p, d, t), "pp,dp,tp") for p, d, t in ((2, 2, 4), (2, 4, 2), (4, 2, 2))),
     }
     # the report: the schedule under a pipeline's axes; its stages where it is shown as the winner
-    from service.search.report import render_report
-    from service.search.report_plan import winner_section
+    from service.search.report.plan import winner_section
+    from service.search.report.render import render_report
 
     shown = pipelined["pipeline"]
     assert f"{shown['schedule']}, {shown['microbatches']} micro-batches" in render_report(results, tmp_path)

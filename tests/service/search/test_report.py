@@ -22,9 +22,9 @@ import pytest
 from playwright.sync_api import Page, sync_playwright
 
 from service.plan_view import layer_ranges
-from service.search.report import render_report, write_report
-from service.search.report_format import candidate_label, esc, size_text
-from service.search.report_plan import LayerGroup, fold_layers
+from service.search.report.format import candidate_label, esc, size_text
+from service.search.report.plan import LayerGroup, fold_layers
+from service.search.report.render import render_report, write_report
 from strategies.plan.planner import PlanRequest, plan_model
 from tests.service.search.report_page import parse
 from tests.service.search.report_results import HOSTILE_MODEL, build_results
@@ -133,7 +133,7 @@ def test_header_counts_the_candidates(page: str, search: Search) -> None:
 
 def test_header_says_whether_the_top_row_is_proven_best(page: str, search: Search) -> None:
     from service.search.pruning import proof_text, top_row_proof
-    from service.search.report_format import esc
+    from service.search.report.format import esc
 
     proof = top_row_proof(search[0]["candidates"])
     assert proof is not None and proof["top"] == search[0]["candidates"][0]["id"]
@@ -141,7 +141,7 @@ def test_header_says_whether_the_top_row_is_proven_best(page: str, search: Searc
 
 
 def test_the_time_limit_line_shows_what_a_budget_gave_each_plan() -> None:
-    from service.search.report import _time_limits
+    from service.search.report.render import _time_limits
 
     budgeted = {"time_limit_s": 60.0, "budget_s": 60.0}
     given = [{"time_limit_s": 2.25}, {"time_limit_s": 0.5}, {"time_limit_s": None}]
@@ -371,7 +371,7 @@ def test_winner_summary_is_there(opened: OpenedReport, search: Search) -> None:
 def test_a_log_memory_axis_is_labelled_with_plain_numbers() -> None:
     """Peaks 100x apart put the memory axis on a log scale, whose default labels are math text
     (``$\\mathdefault{10^{0}}$``) that the report, with math text off, would print raw."""
-    from service.search.report_plots import throughput_memory_plot
+    from service.search.report.plots import throughput_memory_plot
 
     def candidate(name: str, peak_gib: float, rate: float) -> dict[str, Any]:
         return {

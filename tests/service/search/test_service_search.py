@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from service.app.main import create_app
 from service.app.settings import Settings
-from service.search import report_page
+from service.search.report import page as report_page
 from service.search.runner import run_search, search_candidates
 from tests.service.search.conftest import MLP_OPTIONS, mlp_search
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from service.search.pruning import proof_text, top_row_proof
-from service.search.report_assets import CSS, SORT_SCRIPT
-from service.search.report_format import (
+from service.search.report.assets import CSS, SORT_SCRIPT
+from service.search.report.format import (
     DASH,
     axes_text,
     esc,
@@ -28,9 +28,9 @@ from service.search.report_format import (
     seconds_text,
     throughput_unit,
 )
-from service.search.report_plan import winner_section
-from service.search.report_plots import MAX_BARS, throughput_memory_plot, time_breakdown_plot
-from service.search.report_table import PLANNED, ranked_order, ranking_table
+from service.search.report.plan import winner_section
+from service.search.report.plots import MAX_BARS, throughput_memory_plot, time_breakdown_plot
+from service.search.report.table import PLANNED, ranked_order, ranking_table
 
 RESULTS_FORMAT = "autoshard.search"
 RESULTS_VERSION = 1

@@ -21,7 +21,7 @@ from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from service.search.report_format import candidate_label, esc, number, rate_text, throughput, throughput_unit
+from service.search.report.format import candidate_label, esc, number, rate_text, throughput, throughput_unit
 
 GIB = 2**30
 MAX_BARS = 30

@@ -1,4 +1,5 @@
-"""The search's HTML report, when the report module (:mod:`service.search.report`) is installed."""
+"""The search's HTML report, when the report package (:mod:`service.search.report`, matplotlib) is there:
+imported only when a page is written."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 def report_renderer() -> Callable[[dict[str, Any], Path], str] | None:
     """``render_report(results, results_dir) -> html``, or None when the module is not there."""
     try:
-        from service.search.report import render_report  # type: ignore[import-not-found]
+        from service.search.report.render import render_report  # type: ignore[import-not-found]
     except ImportError:
         return None
     return render_report

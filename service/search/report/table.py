@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.search.report_format import (
+from service.search.report.format import (
     DASH,
     axes_text,
     count_text,

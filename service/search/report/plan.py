@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.plan_view import layer_ranges
-from service.search.report_format import (
+from service.search.report.format import (
     DASH,
     count_text,
     esc,
@@ -26,7 +26,7 @@ from service.search.report_format import (
     size_text,
     throughput,
 )
-from service.search.report_plots import memory_profile_plot
+from service.search.report.plots import memory_profile_plot
 
 _LAYER_NAME = re.compile(r"^(?P<stack>(?:[^.]+\.)*?)(?P<index>\d+)\.(?P<rest>.+)$")
 """``layers.3.attention.wq.weight`` -> stack ``layers.``, index 3, rest ``attention.wq.weight`` (the
