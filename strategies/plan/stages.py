@@ -138,7 +138,7 @@ def layer_profile(
 ) -> LayerProfile:
     """The profile of the module docstring for the plan ``chosen`` of ``built`` whose simulated step is
     ``step_time_s`` and whose predicted peak is ``peak_bytes`` (its ``predicted``)."""
-    from strategies.plan.plan_json import plan_moves
+    from strategies.plan.plan_json import moved_once, plan_moves
 
     if built.node_layer is None or built.backward_start is None or built.op_group is None:
         raise ValueError("pipeline: the graph has no module paths, so its layers cannot be cut into stages")
@@ -198,7 +198,10 @@ def layer_profile(
             read_by_w = (node.held_for or node.name) in read_by_weight and node.name not in weight_ops
             act[key] += nbytes if start <= back else 0.0
             wbytes[key] += nbytes if read_by_w else 0.0
-    moves = plan_moves(built, chosen, _moved_once_in_group(built, chosen, op_group))
+    read_elsewhere = _read_in_other_groups(built, op_group)
+    # a value another group's op reads may go over a cut as made: moved for each reader, not once
+    # (:mod:`runtime.pipeline_step` alike)
+    moves = plan_moves(built, chosen, moved_once(built, chosen) - set(read_elsewhere))
     collectives: dict[Group, dict[str, float]] = {key: {} for key in keys}
     comm_bytes = {key: 0.0 for key in keys}
     for e, counts in moves.edge_collectives.items():
@@ -242,31 +245,11 @@ def layer_profile(
         tuple(layers),
         cost(FIRST),
         cost(LAST),
-        _crossings(built, chosen, op_group),
+        _crossings(built, chosen, op_group, read_elsewhere),
         tuple(captured),
         working,
         _shared(built, chosen, op_group, counted_in),
     )
-
-
-def _moved_once_in_group(
-    built: BuiltProblem, chosen: np.ndarray, op_group: dict[str, Group]
-) -> set[tuple[int, int]]:
-    """The values a pipeline moves once for all their readers: the plan's (:func:`~strategies.plan.plan_json.
-    moved_once`) but those an op of another group reads, which a stage may hand over the cut in their
-    planned placement (:mod:`runtime.pipeline_step` moves them for each reader)."""
-    from strategies.plan.plan_json import moved_once
-
-    readers: dict[tuple[int, int], set[Group]] = {}
-    for edge in built.edges:
-        consumer = built.nodes[edge.consumer]
-        if consumer.kind == "op":
-            readers.setdefault((edge.producer, edge.output), set()).add(op_group[consumer.name])
-    return {
-        value
-        for value in moved_once(built, chosen)
-        if readers.get(value, set()) <= {op_group[built.nodes[value[0]].name]}
-    }
 
 
 def _shared(
@@ -299,8 +282,10 @@ def _shared(
     return tuple(shared)
 
 
-def _crossings(built: BuiltProblem, chosen: np.ndarray, op_group: dict[str, Group]) -> tuple[Crossing, ...]:
-    """Every op output read by an op of another group, in its chosen placement (what a stage sends)."""
+def _read_in_other_groups(
+    built: BuiltProblem, op_group: dict[str, Group]
+) -> dict[tuple[int, int], set[Group]]:
+    """Per op output read by an op of another group than its maker's, (producer, output): those groups."""
     readers: dict[tuple[int, int], set[Group]] = {}
     for edge in built.edges:
         producer, consumer = built.nodes[edge.producer], built.nodes[edge.consumer]
@@ -309,6 +294,17 @@ def _crossings(built: BuiltProblem, chosen: np.ndarray, op_group: dict[str, Grou
         made, read = op_group[producer.name], op_group[consumer.name]
         if made != read:
             readers.setdefault((edge.producer, edge.output), set()).add(read)
+    return readers
+
+
+def _crossings(
+    built: BuiltProblem,
+    chosen: np.ndarray,
+    op_group: dict[str, Group],
+    readers: dict[tuple[int, int], set[Group]],
+) -> tuple[Crossing, ...]:
+    """Every op output read by an op of another group (``readers``: :func:`_read_in_other_groups`), in its
+    chosen placement (what a stage sends)."""
     crossings = []
     for (index, output), groups in readers.items():
         node = built.nodes[index]
