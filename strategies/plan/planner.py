@@ -29,7 +29,8 @@ from strategies.plan.request import PIPELINE_AXIS, PlanOutcome, PlanRequest, req
 from strategies.problem.builder import (
     COST_UNIT_S,
     BuiltProblem,
-    build_step_problem,
+    ProblemOptions,
+    build_problem,
     first_credit,
     recredit,
 )
@@ -491,9 +492,7 @@ def _build(
     limit = int(request.memory_gib * 2**30) if request.memory_gib is not None else mesh.hardware.memory_bytes
     say(f"building the problem on {mesh}")
     try:
-        built = build_step_problem(
-            graph,
-            mesh,
+        options = ProblemOptions(
             memory_limit=limit,
             input_placements={int(i): parse_spec(p) for i, p in request.input_placements.items()},
             parameter_placements={
@@ -506,6 +505,7 @@ def _build(
             recompute=recompute,
             parameter_memory_share=request.parameter_memory_share,
         )
+        built = build_problem(graph, mesh, options)
     except ValueError as error:
         if repeat is not None and str(error).startswith("layer repeat"):
             raise RepeatMismatch(str(error)) from error

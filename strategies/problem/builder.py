@@ -17,8 +17,8 @@ Problem nodes (each with its strategy list, cost and memory per strategy):
   placement a data loader should deliver (``S(0)`` on a data-parallel axis rather than ``R``);
 - a loss sink with the single placement all-``R``: every rank needs the loss value.
 
-Repeated transformer layers share decisions (:mod:`strategies.problem.layer_sharing`) when ``module_path`` is
-given and ``share_layers`` is on. With a ``recompute`` policy, a value a layer's backward reads may be kept or
+Repeated transformer layers share decisions (:mod:`strategies.problem.layer_sharing`) when the step has module
+paths and ``share_layers`` is on. With a ``recompute`` policy, a value a layer's backward reads may be kept or
 made again (:mod:`strategies.problem.recompute`): its op's strategies repeat once per mode, and nodes grouped
 with it hold its bytes over the parts of its life.
 
@@ -329,60 +329,61 @@ def input_load_s(node: ProblemNode, mesh: Mesh) -> np.ndarray:
     return node.memory_bytes / mesh.hardware.host_to_device
 
 
-def build_problem(
-    gm: torch.fx.GraphModule,
-    mesh: Mesh,
-    *,
-    parameters: Mapping[str, torch.fx.Node],
-    gradients: Mapping[str, torch.fx.Node],
-    inputs: list[torch.fx.Node],
-    buffers: Mapping[str, torch.fx.Node] | None = None,
-    loss: torch.fx.Node | None = None,
-    memory_limit: int | None = None,
-    input_placements: Mapping[int, Spec] | None = None,
-    parameter_placements: Mapping[str, Spec] | None = None,
-    credit: Mapping[str, float] | None = None,
-    optimizer_state_bytes: int | None = None,
-    module_path: Mapping[str, str] | None = None,
-    share_layers: bool = True,
-    repeat: LayerRepeat | None = None,
-    backward_start: int | None = None,
-    recompute: Policy = NO_RECOMPUTE,
-    parameter_memory_share: float = 1.0,
-) -> BuiltProblem:
-    """The whole-graph problem of one captured step (see the module docstring).
+@dataclass(frozen=True)
+class ProblemOptions:
+    """How a step's problem is built, besides the step and the mesh (:func:`build_problem`)."""
 
-    ``parameter_memory_share``: the share of each parameter's memory (with its optimizer state) and its
-    gradient's that the memory rows count: a pipeline stage holds ``1/p`` of the layers
-    (:mod:`strategies.plan.pipeline_plan`).
+    memory_limit: int | None = None
+    """Bytes each device may hold at any moment (the memory rows' limit); None: no limit."""
+    input_placements: Mapping[int, Spec] = field(default_factory=dict)
+    """Pinned placements of inputs, by index into the step's inputs."""
+    parameter_placements: Mapping[str, Spec] = field(default_factory=dict)
+    """Pinned placements of parameters, by name (a captured one's, under a layer repeat)."""
+    credit: Mapping[str, float] = field(default_factory=dict)
+    """Per edge role (``parameter``, ``gradient``), the share of its collectives' time the objective takes
+    off (the module docstring; :func:`first_credit`); at most `MAX_CREDIT` counts."""
+    optimizer_state_bytes: int | None = None
+    """Optimizer state per parameter element; None: Adam's two moments in the parameter's dtype
+    (`ADAM_MOMENTS`)."""
+    share_layers: bool = True
+    """Whether repeated layers share decisions (:mod:`strategies.problem.layer_sharing`), where the step has
+    module paths."""
+    repeat: LayerRepeat | None = None
+    """The step holds ``repeat.captured`` layers of a stack of ``repeat.total``
+    (:mod:`strategies.problem.layer_repeat`); needs the step's module paths and ``share_layers``."""
+    recompute: Policy = NO_RECOMPUTE
+    """The recomputation policy (:mod:`strategies.problem.recompute`); without the step's module paths
+    nothing is recomputed."""
+    parameter_memory_share: float = 1.0
+    """The share of each parameter's memory (with its optimizer state) and its gradient's that the memory
+    rows count: a pipeline stage holds ``1/p`` of the layers (:mod:`strategies.plan.pipeline_plan`)."""
 
-    ``repeat``: the graph holds ``repeat.captured`` layers of a stack of ``repeat.total``
-    (:mod:`strategies.problem.layer_repeat`); needs ``module_path``, ``share_layers`` and ``backward_start``
-    (the index in execution order of the first backward op).
 
-    ``recompute``: the recomputation policy (:mod:`strategies.problem.recompute`); any but ``none`` needs
-    ``module_path`` and ``backward_start`` (without them nothing is recomputed).
-    """
+def build_problem(graph: JointGraph, mesh: Mesh, options: ProblemOptions = ProblemOptions()) -> BuiltProblem:
+    """The whole-graph problem of one captured (or loaded) step on ``mesh`` (see the module docstring): its
+    graph, parameters, gradients, inputs, buffers, loss, module paths and first backward op, built as
+    ``options`` say."""
     import time
 
     started = time.perf_counter()
-    b = _Builder(mesh, credit or {})
-    buffers = buffers or {}
-    order, position, last_use, alive_until = _step_positions(gm, gradients)
+    b = _Builder(mesh, options.credit)
+    step = _Timeline.of(graph)
+    order, position, last_use, alive_until = step.order, step.position, step.last_use, step.alive_until
     end = len(order) + 2
     index_of: dict[torch.fx.Node, int] = {}
     parameter_nodes: dict[str, int] = {}
     input_nodes: list[int] = []
 
-    role = {node: ("parameter", name) for name, node in parameters.items()}
-    role.update({node: ("buffer", name) for name, node in buffers.items()})
-    role.update({node: ("input", str(i)) for i, node in enumerate(inputs)})
-    for node in gm.graph.nodes:
+    role = {node: ("parameter", name) for name, node in graph.parameters.items()}
+    role.update({node: ("buffer", name) for name, node in graph.buffers.items()})
+    role.update({node: ("input", str(i)) for i, node in enumerate(graph.inputs)})
+    for node in graph.gm.graph.nodes:
         if node.op != "placeholder" or not isinstance(node.meta.get("val"), torch.Tensor):
             continue
         kind, name = role.get(node, ("input", node.name))
         meta = TensorMeta.of(node.meta["val"])
-        state = ADAM_MOMENTS * meta.itemsize if optimizer_state_bytes is None else optimizer_state_bytes
+        state = options.optimizer_state_bytes
+        state = ADAM_MOMENTS * meta.itemsize if state is None else state
         extra = state if kind == "parameter" else 0
         pn = placeholder_node(name if kind != "input" else node.name, kind, meta, mesh, extra)
         if kind == "input":
@@ -394,15 +395,9 @@ def build_problem(
         elif kind == "input":
             input_nodes.append(index_of[node])
 
-    check_policy(recompute)
-    paths = _inherit_layer_paths(order, module_path) if module_path else {}
-    always_there = {*parameters.values(), *buffers.values()}
-    kept = placement_kept(order)
-    candidates: dict[torch.fx.Node, Candidate] = {}
-    if backward_start is not None and paths:
-        candidates = _step_candidates(
-            order, position, backward_start, paths, alive_until, always_there, kept, recompute
-        )
+    check_policy(options.recompute)
+    paths, kept = step.paths, step.kept
+    candidates = _step_candidates(step, options.recompute) if paths else {}
 
     strategies_s = time.perf_counter()
     for node in order:
@@ -450,7 +445,7 @@ def build_problem(
             keep = (node, argument) in kept
             b.add_edge(index_of[producer_node], output, consumer, argument, kind, keep)
     gradient_nodes: dict[str, int] = {}
-    for name, grad_node in gradients.items():
+    for name, grad_node in graph.gradients.items():
         source = _resolve(grad_node)
         param_index = parameter_nodes[name]
         meta = b.nodes[param_index].outputs[0]
@@ -459,36 +454,38 @@ def build_problem(
         gradient_nodes[name] = b.add_node(sink, start, end)
         b.add_edge(index_of[source[0]], source[1], gradient_nodes[name], 0, "gradient")
         b.groups.append((param_index, gradient_nodes[name]))
-    if loss is not None:  # every rank needs the loss value: it ends replicated
-        source = _resolve(loss)
-        meta = b.nodes[index_of[source[0]]].outputs[source[1]]
-        sink = placeholder_node("loss", "loss", meta, mesh)
-        sink.output_specs = sink.output_specs[:1]
-        sink.input_specs = sink.output_specs.copy()
-        sink.compute_s, sink.memory_bytes = sink.compute_s[:1], sink.memory_bytes[:1]
-        loss_index = b.add_node(sink, end - 1, end)
-        b.add_edge(index_of[source[0]], source[1], loss_index, 0, "activation")
+    # every rank needs the loss value: it ends replicated
+    source = _resolve(graph.loss)
+    meta = b.nodes[index_of[source[0]]].outputs[source[1]]
+    sink = placeholder_node("loss", "loss", meta, mesh)
+    sink.output_specs = sink.output_specs[:1]
+    sink.input_specs = sink.output_specs.copy()
+    sink.compute_s, sink.memory_bytes = sink.compute_s[:1], sink.memory_bytes[:1]
+    loss_index = b.add_node(sink, end - 1, end)
+    b.add_edge(index_of[source[0]], source[1], loss_index, 0, "activation")
     edges_s = time.perf_counter() - edges_s
 
-    for i, spec in (input_placements or {}).items():
+    for i, spec in options.input_placements.items():
         b.pins[input_nodes[i]] = _spec_index(b.nodes[input_nodes[i]], spec, f"inputs[{i}]")
-    for name, spec in (parameter_placements or {}).items():
+    for name, spec in options.parameter_placements.items():
         if name not in parameter_nodes:
             raise ValueError(f"parameters.{name}: no such parameter")
         b.pins[parameter_nodes[name]] = _spec_index(
             b.nodes[parameter_nodes[name]], spec, f"parameters.{name}"
         )
 
-    if parameter_memory_share != 1.0:
+    share = options.parameter_memory_share
+    if share != 1.0:
         for node in b.nodes:
             if node.kind in PARAMETER_KINDS:
-                node.memory_bytes = np.ceil(node.memory_bytes * parameter_memory_share).astype(np.int64)
+                node.memory_bytes = np.ceil(node.memory_bytes * share).astype(np.int64)
     node_weight = edge_weight = None
-    if share_layers and module_path:
+    repeat = options.repeat
+    if options.share_layers and graph.module_path:
         ops = [(n.name, _signature(n), index_of[n]) for n in order if n.target is not operator.getitem]
         b.groups.extend(tied_layer_groups(ops, paths, parameter_nodes))
         if repeat is not None:
-            node_weight, edge_weight = _repeat(b, repeat, ops, paths, backward_start, end)
+            node_weight, edge_weight = _repeat(b, repeat, ops, paths, graph.backward_start, end)
     elif repeat is not None:
         raise ValueError("layer repeat: needs the module paths of the graph and shared layers")
     node_scale = np.ones(len(b.nodes)) if node_weight is None else node_weight
@@ -499,34 +496,28 @@ def build_problem(
     if candidates:
         by_index = {index_of[n]: c for n, c in candidates.items()}
         _price_recomputation(b, matrices, recomputed)
-        _recomputation_terms(
-            b, extra, extra_matrices, by_index, index_of, node_scale, always_there, alive_until
-        )
+        _recomputation_terms(b, extra, extra_matrices, by_index, index_of, node_scale, step)
     problem = Problem.from_lists(
         costs=[n.compute_s / COST_UNIT_S * w for n, w in zip(b.nodes, node_scale.tolist(), strict=True)],
         usages=[n.memory_bytes for n in b.nodes],
         intervals=b.intervals,
         edges=[(e.producer, e.consumer) for e in b.edges] + extra,
         edge_costs=matrices + extra_matrices,
-        usage_limit=memory_limit,
+        usage_limit=options.memory_limit,
         groups=merge_groups(b.groups),
         pins=b.pins,
         name="autoshard",
     )
     built = BuiltProblem(problem, b.nodes, b.edges, mesh, parameter_nodes, gradient_nodes, input_nodes)
     built.node_weight, built.edge_weight, built.repeat = node_weight, edge_weight, repeat
-    built.credit = {role: min(MAX_CREDIT, share) for role, share in (credit or {}).items()}
+    built.credit = {role: min(MAX_CREDIT, share) for role, share in options.credit.items()}
     built.step = b.step
     built.recompute_edges = extra
     built.recompute_closures = {w: tuple(index_of[n] for n in c.closure) for w, c in recomputed.items()}
     built.timings = {"strategies": strategies_s, "edges": edges_s, "total": time.perf_counter() - started}
+    module_path, backward_start = graph.module_path, graph.backward_start
     built.node_layer = node_layers(b.nodes, stage_paths(order, module_path)) if module_path else None
-    if (
-        module_path
-        and backward_start is not None
-        and built.node_layer
-        and any(layer is not None for layer in built.node_layer)
-    ):
+    if built.node_layer and any(layer is not None for layer in built.node_layer):
         built.op_group = op_groups(order, module_path, backward_start)
         built.weight_ops = frozenset(weight_gradient_ops(order, backward_start, built.op_group))
         built.read_by_weight_ops = frozenset(
@@ -535,7 +526,7 @@ def build_problem(
             if node.name in built.weight_ops
             for source in node.all_input_nodes
         )
-    built.parameter_memory_share = parameter_memory_share
+    built.parameter_memory_share = share
     built.backward_start = backward_start
     return built
 
@@ -614,8 +605,7 @@ def _recomputation_terms(
     candidates: Mapping[int, Candidate],
     index_of: Mapping[torch.fx.Node, int],
     node_scale: np.ndarray,
-    always_there: set[torch.fx.Node],
-    alive_until: Mapping[torch.fx.Node, int],
+    step: _Timeline,
 ) -> None:
     """The `BuiltProblem.recompute_edges` of every recomputed op: a closure op's compute (on its strategy, in
     the op's recomputed strategies), ``inf`` where a frontier value is absent."""
@@ -631,8 +621,8 @@ def _recomputation_terms(
             candidates.get(u),
             producer.modes if producer.modes is not None else np.full(len(matrix), KEEP, dtype=np.int8),
             consumer,
-            fx_of[u] in always_there,
-            alive_until.get(fx_of[u], 0),
+            fx_of[u] in step.always_there,
+            step.alive_until.get(fx_of[u], 0),
         )
         matrix[np.ix_(~rows, columns)] = np.inf
 
@@ -666,74 +656,77 @@ def recredit(built: BuiltProblem, credit: Mapping[str, float]) -> BuiltProblem:
     return again
 
 
-def build_step_problem(graph: JointGraph, mesh: Mesh, **options: Any) -> BuiltProblem:
-    """`build_problem` of a captured (or loaded) step: its graph, parameters, gradients, inputs, buffers,
-    loss, module paths and first backward op; ``options`` are the rest of `build_problem`'s keywords."""
-    return build_problem(
-        graph.gm,
-        mesh,
-        parameters=graph.parameters,
-        gradients=graph.gradients,
-        inputs=graph.inputs,
-        buffers=graph.buffers,
-        loss=graph.loss,
-        module_path=graph.module_path,
-        backward_start=graph.backward_start,
-        **options,
-    )
-
-
 def step_candidates(graph: JointGraph, policy: Policy) -> dict[torch.fx.Node, Candidate]:
     """The recomputation candidates of a captured step under ``policy``, exactly as its problem has them
     (the runtime makes a plan's recomputed values again with their closures)."""
-    order, position, _, alive_until = _step_positions(graph.gm, graph.gradients)
-    return _step_candidates(
-        order,
-        position,
-        graph.backward_start,
-        _inherit_layer_paths(order, graph.module_path),
-        alive_until,
-        {*graph.parameters.values(), *graph.buffers.values()},
-        placement_kept(order),
+    return _step_candidates(_Timeline.of(graph), policy)
+
+
+@dataclass(frozen=True)
+class _Timeline:
+    """What the builder reads off a captured step: its op nodes in execution order and when each value
+    lives, its module paths with layers inherited, what is there the whole step, the edges keeping their
+    placement."""
+
+    order: list[torch.fx.Node]
+    """The op nodes in execution order."""
+    position: dict[torch.fx.Node, int]
+    """Each op node's 1-based position."""
+    last_use: dict[torch.fx.Node, int]
+    """Each node's last reader's position: a gradient handed to its sink counts as read to the step's end."""
+    alive_until: dict[torch.fx.Node, int]
+    """`last_use`, looking through the ``getitem`` nodes of a node's outputs."""
+    backward_start: int
+    """The index in ``order`` of the first backward op."""
+    paths: dict[str, str]
+    """Module paths, layers inherited (`_inherit_layer_paths`); empty without the step's module paths."""
+    always_there: set[torch.fx.Node]
+    """The placeholders alive the whole step: parameters and buffers."""
+    kept: set[tuple[torch.fx.Node, int]]
+    """The (op, tensor argument) pairs whose edges keep their placement (:func:`.in_place.placement_kept`)."""
+
+    @classmethod
+    def of(cls, graph: JointGraph) -> _Timeline:
+        order = [n for n in graph.gm.graph.nodes if n.op == "call_function"]
+        position = {n: i + 1 for i, n in enumerate(order)}
+        end = len(order) + 2
+        handed_on = set(graph.gradients.values())  # the gradient sinks hold these from their production on
+        last_use = {
+            n: max(
+                (position.get(u, end - 1) for u in n.users if u in position or n not in handed_on),
+                default=position.get(n, 0),
+            )
+            for n in graph.gm.graph.nodes
+        }
+        alive_until = {
+            n: _alive_until(n, last_use) if n in position else last_use[n] for n in graph.gm.graph.nodes
+        }
+        return cls(
+            order=order,
+            position=position,
+            last_use=last_use,
+            alive_until=alive_until,
+            backward_start=graph.backward_start,
+            paths=_inherit_layer_paths(order, graph.module_path),
+            always_there={*graph.parameters.values(), *graph.buffers.values()},
+            kept=placement_kept(order),
+        )
+
+
+def _step_candidates(step: _Timeline, policy: Policy) -> dict[torch.fx.Node, Candidate]:
+    """`find_candidates` of a step, the ops writing into their arguments read from ``step.kept``."""
+    sources = {node: _tensor_sources(node) for node, _ in step.kept}
+    written = {(node, sources[node][k][0]) for node, k in step.kept if sources[node][k] is not None}
+    return find_candidates(
+        step.order,
+        step.position,
+        step.backward_start,
+        step.paths,
+        step.alive_until,
+        step.always_there,
+        written,
         policy,
     )
-
-
-def _step_positions(
-    gm: torch.fx.GraphModule, gradients: Mapping[str, torch.fx.Node]
-) -> tuple[list[torch.fx.Node], dict[torch.fx.Node, int], dict[torch.fx.Node, int], dict[torch.fx.Node, int]]:
-    """(op nodes in execution order, their 1-based positions, each node's last reader's position, the same
-    looking through the ``getitem`` nodes of its outputs): a gradient handed to its sink counts as read to
-    the step's end."""
-    order = [n for n in gm.graph.nodes if n.op == "call_function"]
-    position = {n: i + 1 for i, n in enumerate(order)}
-    end = len(order) + 2
-    handed_on = set(gradients.values())  # the gradient sinks hold these from their production on
-    last_use = {
-        n: max(
-            (position.get(u, end - 1) for u in n.users if u in position or n not in handed_on),
-            default=position.get(n, 0),
-        )
-        for n in gm.graph.nodes
-    }
-    alive_until = {n: _alive_until(n, last_use) if n in position else last_use[n] for n in gm.graph.nodes}
-    return order, position, last_use, alive_until
-
-
-def _step_candidates(
-    order: list[torch.fx.Node],
-    position: Mapping[torch.fx.Node, int],
-    backward_start: int,
-    paths: Mapping[str, str],
-    alive_until: Mapping[torch.fx.Node, int],
-    always_there: set[torch.fx.Node],
-    kept: set[tuple[torch.fx.Node, int]],
-    policy: Policy,
-) -> dict[torch.fx.Node, Candidate]:
-    """`find_candidates` of a step, the ops writing into their arguments read from ``kept``."""
-    sources = {node: _tensor_sources(node) for node, _ in kept}
-    written = {(node, sources[node][k][0]) for node, k in kept if sources[node][k] is not None}
-    return find_candidates(order, position, backward_start, paths, alive_until, always_there, written, policy)
 
 
 def _repeat(
@@ -741,7 +734,7 @@ def _repeat(
     repeat: LayerRepeat,
     ops: list[tuple[str, Any, int]],
     paths: Mapping[str, str],
-    backward_start: int | None,
+    backward_start: int,
     step_end: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Weights for the middle copies of a layer repeat, and ghost nodes for the layers left out."""
@@ -751,8 +744,6 @@ def _repeat(
             f"layer repeat: the {repeat.captured - 2} middle layers of the capture are not identical "
             f"(tied: {tied}); plan the whole stack instead"
         )
-    if backward_start is None:
-        raise ValueError("layer repeat: needs backward_start")
     node_layer = node_layers(b.nodes, paths)
     node_weight, edge_weight = cost_weights(
         repeat, node_layer, [(e.producer, e.consumer) for e in b.edges], tied
@@ -898,8 +889,8 @@ __all__ = [
     "COST_UNIT_S",
     "PARAMETER_KINDS",
     "BuiltProblem",
+    "ProblemOptions",
     "build_problem",
-    "build_step_problem",
     "tensor_placements",
     "tied_middle_layers",
 ]

@@ -76,15 +76,7 @@ def kept_for_backward(layers: int, seq: int, batch: int, hidden: int, heads: int
     model = GPT(layers, hidden, heads).to(torch.bfloat16).train()
     tokens = torch.zeros(batch, seq, dtype=torch.long)
     graph = capture_for_planning(model, (tokens, tokens), lambda loss: loss)
-    built = build_problem(
-        graph.gm,
-        make_mesh((1,), ("dp",)),
-        parameters=graph.parameters,
-        gradients=graph.gradients,
-        inputs=graph.inputs,
-        buffers=graph.buffers,
-        loss=graph.loss,
-    )
+    built = build_problem(graph, make_mesh((1,), ("dp",)))
     boundary = graph.backward_start + 1  # the first backward op's position (ops count from 1)
     kept = 0
     for i, node in enumerate(built.nodes):

@@ -41,14 +41,7 @@ def test_writes_and_the_views_they_go_through_keep_their_placement() -> None:
     assert writes | views <= kept, kept
     assert not any(name == copy and k == 1 for name, k in kept)  # the source is read, not written
 
-    built = build_problem(
-        graph.gm,
-        make_mesh("4"),
-        parameters=graph.parameters,
-        gradients=graph.gradients,
-        inputs=graph.inputs,
-        loss=graph.loss,
-    )
+    built = build_problem(graph, make_mesh("4"))
     for e, edge in enumerate(built.edges):
         consumer = built.nodes[edge.consumer].name
         assert edge.keeps_placement == ((consumer, edge.argument) in kept)

@@ -20,7 +20,7 @@ from solver.errors import InfeasibleError
 from solver.solve import solve
 from strategies.cost.mesh import make_mesh
 from strategies.graph.passes import capture_for_planning
-from strategies.problem.builder import BuiltProblem, build_step_problem
+from strategies.problem.builder import BuiltProblem, ProblemOptions, build_problem
 from strategies.problem.recompute import RECOMPUTE, Policy, check_policy
 from tests.strategies.problem.test_activation_memory import GPT
 
@@ -40,12 +40,10 @@ def graphs() -> dict[int, object]:
 
 
 def _build(graph, policy: Policy, mesh_shape=(1,), memory_limit=None) -> BuiltProblem:
-    return build_step_problem(
+    return build_problem(
         graph,
         make_mesh(mesh_shape, ("dp",) if len(mesh_shape) == 1 else ("dp", "tp")),
-        memory_limit=memory_limit,
-        share_layers=False,
-        recompute=policy,
+        ProblemOptions(memory_limit=memory_limit, share_layers=False, recompute=policy),
     )
 
 
