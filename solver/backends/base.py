@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import threading
+import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -66,19 +68,40 @@ class Started:
         return self._value
 
 
-class Backend(Protocol):
+@dataclass(frozen=True)
+class SolveCall:
+    """What `Backend.solve` was asked besides the program, and when it began (a `time.perf_counter()` value,
+    taken once the program was found not to be empty)."""
+
+    time_limit: float
+    threads: int
+    warm_start: np.ndarray | None
+    progress: ProgressSink | None
+    relative_gap: float
+    started: Started | None
+    begun: float
+
+    def elapsed(self) -> float:
+        """Seconds since the call began."""
+        return time.perf_counter() - self.begun
+
+
+class Backend(ABC):
     """An exact solver: honours the time limit and thread count, may start from a warm assignment, and may
-    stop once its answer is within ``relative_gap`` of its bound."""
+    stop once its answer is within ``relative_gap`` of its bound.
+
+    `solve` answers a program without variables itself (`empty_program_result`) and starts the clock; each
+    backend implements `_solve`, what follows."""
 
     name: str
     #: True when the backend checks its answers -- and LP solutions -- against every row of the program's
     #: `MemoryProfile` and adds the rows they violate itself: the program can then start without memory rows.
-    separates_memory: bool
+    separates_memory: bool = False
 
     def begin(self, program: IntegerProgram, time_limit: float, threads: int) -> Started | None:
         """Start the part of solving ``program`` that needs no warm start in a background thread, on one
         core (the caller's heuristic uses another); None when the backend has no such part."""
-        ...
+        return None
 
     def solve(
         self,
@@ -91,7 +114,16 @@ class Backend(Protocol):
         started: Started | None = None,
     ) -> BackendResult:
         """Solve ``program`` (``started``: what `begin` returned for this same program, if anything)."""
-        ...
+        if (empty := empty_program_result(program)) is not None:
+            return empty
+        begun = time.perf_counter()
+        return self._solve(
+            program, SolveCall(time_limit, threads, warm_start, progress, relative_gap, started, begun)
+        )
+
+    @abstractmethod
+    def _solve(self, program: IntegerProgram, call: SolveCall) -> BackendResult:
+        """Solve ``program``, which has variables, as ``call`` asks."""
 
 
 def integral_objective(program: IntegerProgram) -> bool:

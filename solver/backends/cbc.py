@@ -21,11 +21,10 @@ from solver.backends.base import (
     INFEASIBLE,
     NO_SOLUTION,
     OPTIMAL,
+    Backend,
     BackendResult,
-    ProgressSink,
-    Started,
+    SolveCall,
     closing_gap,
-    empty_program_result,
     integral_objective,
 )
 from solver.ilp import IntegerProgram
@@ -51,43 +50,26 @@ def cbc_path() -> str:
         return str(PULP_CBC_CMD.pulp_cbc_path)
 
 
-class CbcBackend:
+class CbcBackend(Backend):
     name = "cbc"
-    separates_memory = False
 
-    def begin(self, program: IntegerProgram, time_limit: float, threads: int) -> Started | None:
-        return None  # nothing to do before the warm start is known
-
-    def solve(
-        self,
-        program: IntegerProgram,
-        time_limit: float,
-        threads: int,
-        warm_start: np.ndarray | None = None,
-        progress: ProgressSink | None = None,
-        relative_gap: float = 0.0,
-        started: Started | None = None,
-    ) -> BackendResult:
-        if (empty := empty_program_result(program)) is not None:
-            return empty
-        started = time.perf_counter()
+    def _solve(self, program: IntegerProgram, call: SolveCall) -> BackendResult:
         with tempfile.TemporaryDirectory(prefix="autoshard-cbc-") as folder:
             model_path = Path(folder) / "model.mps"
             solution_path = Path(folder) / "solution.txt"
             write_mps(program, model_path)
             command = [cbc_path(), str(model_path), "-timeMode", "elapsed"]
-            if warm_start is not None:
+            if call.warm_start is not None:
                 start_path = Path(folder) / "start.txt"
-                _write_mip_start(program, warm_start, start_path)
+                _write_mip_start(program, call.warm_start, start_path)
                 command += ["-mips", str(start_path)]
             gap = 0.999 if integral_objective(program) else 1e-9
-            remaining = max(1.0, time_limit - (time.perf_counter() - started))
-            command += ["-sec", f"{remaining:.2f}", "-threads", str(max(1, threads))]
-            command += ["-ratioGap", str(relative_gap)]
+            remaining = max(1.0, call.time_limit - call.elapsed())
+            command += ["-sec", f"{remaining:.2f}", "-threads", str(max(1, call.threads))]
+            command += ["-ratioGap", str(call.relative_gap)]
             command += ["-allowableGap", str(gap), "-solve", "-solu", str(solution_path)]
-            log = _run_with_progress(command, program, started, progress, time_limit)
-            seconds = time.perf_counter() - started
-            return _read_result(program, solution_path, log, seconds)
+            log = _run_with_progress(command, program, call)
+            return _read_result(program, solution_path, log, call.elapsed())
 
 
 def write_mps(program: IntegerProgram, path: Path) -> None:
@@ -148,14 +130,9 @@ def _write_mip_start(program: IntegerProgram, assignment: np.ndarray, path: Path
     path.write_text("\n".join(lines) + "\n", encoding="ascii")
 
 
-def _run_with_progress(
-    command: list[str],
-    program: IntegerProgram,
-    started: float,
-    progress: ProgressSink | None,
-    time_limit: float,
-) -> list[str]:
+def _run_with_progress(command: list[str], program: IntegerProgram, call: SolveCall) -> list[str]:
     """Run CBC, forwarding incumbents and bounds from its log; kill it if it overruns the limit."""
+    started, progress, time_limit = call.begun, call.progress, call.time_limit
     log: list[str] = []
     incumbent, bound = math.inf, -math.inf
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:

@@ -20,10 +20,9 @@ from solver.backends.base import (
     INFEASIBLE,
     NO_SOLUTION,
     OPTIMAL,
+    Backend,
     BackendResult,
-    ProgressSink,
-    Started,
-    empty_program_result,
+    SolveCall,
 )
 from solver.ilp import IntegerProgram
 
@@ -43,44 +42,28 @@ def objective_scale(costs: np.ndarray) -> float:
     return min(max(1.0, 1.0 / smallest), cap)
 
 
-class CpSatBackend:
+class CpSatBackend(Backend):
     name = "cpsat"
-    separates_memory = False
 
-    def begin(self, program: IntegerProgram, time_limit: float, threads: int) -> Started | None:
-        return None  # nothing to do before the warm start is known
-
-    def solve(
-        self,
-        program: IntegerProgram,
-        time_limit: float,
-        threads: int,
-        warm_start: np.ndarray | None = None,
-        progress: ProgressSink | None = None,
-        relative_gap: float = 0.0,
-        started: Started | None = None,
-    ) -> BackendResult:
-        if (empty := empty_program_result(program)) is not None:
-            return empty
-        started = time.perf_counter()
+    def _solve(self, program: IntegerProgram, call: SolveCall) -> BackendResult:
         scale = objective_scale(program.objective)
         model, variables = _build_model(program, scale)
-        if warm_start is not None:
-            columns = program.columns(warm_start)
+        if call.warm_start is not None:
+            columns = program.columns(call.warm_start)
             if columns is not None:
                 for j in np.flatnonzero(program.is_integer).tolist():
                     model.add_hint(variables[j], round(columns[j]))
         solver = cp_model.CpSolver()
-        remaining = max(0.1, time_limit - (time.perf_counter() - started))
+        remaining = max(0.1, call.time_limit - call.elapsed())
         solver.parameters.max_time_in_seconds = remaining
-        solver.parameters.num_workers = max(1, threads)
+        solver.parameters.num_workers = max(1, call.threads)
         solver.parameters.random_seed = 0
-        solver.parameters.relative_gap_limit = float(relative_gap)
+        solver.parameters.relative_gap_limit = float(call.relative_gap)
         solver.parameters.absolute_gap_limit = 0.999 if scale == 1.0 else 0.0
         rounding = 0.0 if _exact(program.objective, scale) else 0.5 / scale * _max_chosen_terms(program)
-        callback = _Progress(program, scale, rounding, started, progress)
+        callback = _Progress(program, scale, rounding, call)
         status = solver.solve(model, callback)
-        seconds = time.perf_counter() - started
+        seconds = call.elapsed()
         bound = solver.best_objective_bound / scale - rounding + program.constant
         if status == cp_model.INFEASIBLE:
             return BackendResult.nothing(seconds, INFEASIBLE, math.inf)
@@ -160,15 +143,14 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         program: IntegerProgram,
         scale: float,
         rounding: float,
-        started: float,
-        sink: ProgressSink | None,
+        call: SolveCall,
     ) -> None:
         super().__init__()
         self._program = program
         self._scale = scale
         self._rounding = rounding
-        self._started = started
-        self._sink = sink
+        self._started = call.begun
+        self._sink = call.progress
         self.first_seconds: float | None = None
 
     def on_solution_callback(self) -> None:

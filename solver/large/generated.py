@@ -9,8 +9,8 @@ decodings that TRW-S's ties make poor). The program over the strategies the root
 (`solver.bounds.lagrangian_branch`: 2-6% of the columns) is small enough to solve as it stands, every
 binding memory row included, and its LP says what the whole one would:
 
-1. **Master LP** (`solver.backends.highs.solve_relaxation`, 0.1-0.5 s): the restricted program's relaxation;
-   its memory rows' duals are prices ``mu`` (1-3 rows priced on these programs).
+1. **Master LP** (`solver.backends.highs_relaxation.solve_relaxation`, 0.1-0.5 s): the restricted program's
+   relaxation; its memory rows' duals are prices ``mu`` (1-3 rows priced on these programs).
 2. **Pricing** (`LagrangianBranch.bound_at`): TRW-S at ``mu`` on the *whole* problem proves
    ``L(mu) = min_x f(x) + mu . (usage(x) - limit)``, a bound of the whole problem -- the whole LP's value
    once ``mu`` is the whole LP's optimal prices (ViT: 808.505 both, where the Lagrangian root proved
@@ -45,7 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.backends.highs import INTEGRAL_TOLERANCE, LinearSolution, solve_mip, solve_relaxation
+from solver.backends.highs import solve_mip
+from solver.backends.highs_relaxation import INTEGRAL_TOLERANCE, LinearSolution, solve_relaxation
 from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import CompactProblem
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over, memory_unit

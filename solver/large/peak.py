@@ -3,10 +3,10 @@
 On a memory-tight problem a cheaper answer must move memory: a node that takes a dearer, smaller strategy at
 a step where the limit binds pays for another one live at the same step that takes a cheaper, larger one.
 Regions grown along the graph from a random root (`solver.large.lns`) rarely hold both, so the search stalls
-on these problems. Here each round picks a region and solves the program of the whole problem with every
-node outside it fixed at the incumbent (`solver.large.lns.fixed_outside`: the fixed nodes' edges become node
-costs, their memory a constant profile), memory rows and all, with the backend, warm-started from the
-incumbent:
+on these problems. Here each round (`solver.large.regions`) picks a region and solves the program of the
+whole problem with every node outside it fixed at the incumbent (`solver.large.regions.fixed_outside`: the
+fixed nodes' edges become node costs, their memory a constant profile), memory rows and all, with the
+backend, warm-started from the incumbent:
 
 - *peak* regions (half of the rounds): a memory row ``r`` drawn with the rows of least slack
   ``limit - usage_r`` most likely (rank ``floor(R u^3)`` of the rows sorted by slack, ``u`` uniform), the
@@ -25,17 +25,14 @@ always feasible.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from solver.backends import get_backend
-from solver.backends.base import OPTIMAL
+from solver.backends.base import OPTIMAL, BackendResult
 from solver.compact import CompactProblem
-from solver.ilp import binding_memory_times, build_program
-from solver.large.lns import adopt_region, fixed_outside
+from solver.ilp import IntegerProgram, binding_memory_times, build_program
+from solver.large.regions import OnIncumbent, RegionPicker, search_regions
 
 #: Columns of a region's program at first, and the range the adaptation keeps it in.
 REGION_COLUMNS = 20_000
@@ -69,7 +66,7 @@ def peak_lns(
     backend: str = "highs",
     seed: int = 0,
     region_columns: int = REGION_COLUMNS,
-    on_incumbent: Callable[[float, np.ndarray], None] | None = None,
+    on_incumbent: OnIncumbent | None = None,
     max_columns: int = MAX_COLUMNS,
     bound: float = -math.inf,
     relative_gap: float = 0.0,
@@ -79,40 +76,66 @@ def peak_lns(
     until its cost is proven within ``relative_gap`` of ``bound`` (a lower bound of the whole program), or,
     with a ``patience``, after that many regions in a row that improved nothing."""
     rng = np.random.default_rng(seed)
-    solver = get_backend(backend)
-    layout = _Layout(problem)
-    current = np.asarray(incumbent, dtype=np.int64).copy()
-    cost = problem.cost(current)
-    budget = float(region_columns)
-    regions = improved = peak_improved = since = 0
-    if len(layout.free) == 0:
-        return current, PeakStats(0, 0, 0, int(budget), cost)
-    while time.perf_counter() < deadline - 0.25 and cost - bound > relative_gap * abs(cost):
-        if patience is not None and since >= patience:
-            break
-        at_peak = layout.num_rows > 0 and rng.random() < PEAK_SHARE
-        seeds = layout.peak_seeds(current, rng) if at_peak else np.array([rng.choice(layout.free)])
-        region = layout.grow(seeds, int(budget), rng)
-        limit = min(REGION_SECONDS, deadline - time.perf_counter() - 0.1)
-        if limit <= 0.1:
-            break
-        sub, warm = fixed_outside(problem, region, current)
-        program = build_program(sub, memory_times=binding_memory_times(sub))
-        result = solver.solve(program, time_limit=limit, threads=1, warm_start=warm)
-        regions += 1
+    until = _Until(bound, relative_gap, patience)
+    picker = _PeakRegions(_Layout(problem), rng, float(region_columns), max_columns, until)
+    searched = search_regions(picker, incumbent, deadline, backend, on_incumbent)
+    stats = PeakStats(
+        searched.regions, searched.improved, picker.peak_improved, int(picker.budget), searched.cost
+    )
+    return searched.assignment, stats
+
+
+@dataclass(frozen=True)
+class _Until:
+    """When the search around the peak ends before its deadline: once its cost is proven within
+    ``relative_gap`` of ``bound``, or after ``patience`` regions in a row that improved nothing."""
+
+    bound: float
+    relative_gap: float
+    patience: int | None
+
+
+class _PeakRegions(RegionPicker):
+    """Regions seeded at a memory row of least slack (`PEAK_SHARE` of them) or at a random free node, grown
+    to a column ``budget`` that adapts (`GROW`, `SHRINK`), until the search has reached ``until``."""
+
+    reserve, margin = 0.1, 0.25
+
+    def __init__(
+        self, layout: _Layout, rng: np.random.Generator, budget: float, max_columns: int, until: _Until
+    ) -> None:
+        self.problem = layout.problem
+        self.layout = layout
+        self.rng = rng
+        self.budget = budget
+        self.max_columns = max_columns
+        self.seconds = REGION_SECONDS
+        self.at_peak = False  # whether the last region was seeded at a memory row
+        self.until = until
+        self.peak_improved = self.since = 0  # answers taken from peak regions; regions since the last one
+
+    def goes_on(self, cost: float) -> bool:
+        until = self.until
+        unproven = cost - until.bound > until.relative_gap * abs(cost)
+        return unproven and (until.patience is None or self.since < until.patience)
+
+    def pick(self, current: np.ndarray) -> np.ndarray:
+        layout, rng = self.layout, self.rng
+        self.at_peak = layout.num_rows > 0 and rng.random() < PEAK_SHARE
+        seeds = layout.peak_seeds(current, rng) if self.at_peak else np.array([rng.choice(layout.free)])
+        return layout.grow(seeds, int(self.budget), rng)
+
+    def program(self, sub: CompactProblem) -> IntegerProgram:
+        return build_program(sub, memory_times=binding_memory_times(sub))
+
+    def solved(self, region: np.ndarray, result: BackendResult, limit: float, adopted: bool) -> bool:
         if result.status == OPTIMAL and result.seconds < QUICK_SHARE * limit:
-            budget = min(max_columns, budget * GROW)
+            self.budget = min(self.max_columns, self.budget * GROW)
         elif result.status != OPTIMAL:
-            budget = max(min(MIN_COLUMNS, budget), budget * SHRINK)
-        adopted = adopt_region(problem, current, cost, region, result.assignment)
-        since = 0 if adopted is not None else since + 1
-        if adopted is not None:
-            current, cost = adopted
-            improved += 1
-            peak_improved += int(at_peak)
-            if on_incumbent is not None:
-                on_incumbent(cost, current)
-    return current, PeakStats(regions, improved, peak_improved, int(budget), cost)
+            self.budget = max(min(MIN_COLUMNS, self.budget), self.budget * SHRINK)
+        self.since = 0 if adopted else self.since + 1
+        self.peak_improved += int(adopted and self.at_peak)
+        return False
 
 
 class _Layout:

@@ -16,7 +16,7 @@ from solver.compact import compact
 from solver.evaluate import evaluate
 from solver.heuristics.portfolio import background_search, portfolio_solve
 from solver.heuristics.state import flatten, min_usage_assignment
-from solver.large.lns import take_offered
+from solver.large.regions import take_offered
 from solver.parallel import Channel, ForkedSearch, can_fork
 from tests.solver.random_problems import brute_force, large_problem, tight_problem
 

@@ -10,15 +10,14 @@ import numpy as np
 import pytest
 
 from solver.backends.base import FEASIBLE, INFEASIBLE
-from solver.backends.highs import (
+from solver.backends.highs import HighsBackend, _out_of_time_for_mip
+from solver.backends.highs_relaxation import (
     _CUT_OFF,
     LARGEST_LP_COST,
-    HighsBackend,
     _Best,
     _fractional_node,
     _memory_weight,
     _objective_scale,
-    _out_of_time_for_mip,
     _relaxation,
     _solve_separating,
 )

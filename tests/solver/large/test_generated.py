@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from solver.backends.base import OPTIMAL
-from solver.backends.highs import solve_mip, solve_relaxation
+from solver.backends.highs import solve_mip
+from solver.backends.highs_relaxation import solve_relaxation
 from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import compact
 from solver.evaluate import evaluate

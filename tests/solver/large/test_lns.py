@@ -10,7 +10,8 @@ import pytest
 from solver.compact import compact
 from solver.evaluate import evaluate
 from solver.heuristics.state import flatten, min_usage_assignment
-from solver.large.lns import fixed_outside, lns_improve
+from solver.large.lns import lns_improve
+from solver.large.regions import fixed_outside
 from tests.solver.random_problems import brute_force, random_problem
 
 
