@@ -26,7 +26,7 @@ from solver.reductions import Reduced
 ProgressCallback = Callable[[str, float, float, float], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SolveOptions:
     """What the caller of `solver.solve.solve` asked for (its arguments but the problem and the callback)."""
 

@@ -94,7 +94,9 @@ def _priced_solver(run: SolveContext, threads: int) -> RestrictedSolver:
     """The backend on the promising strategies' program, its answers reported as ``<backend>-priced``."""
     backend = run.path.backend
 
-    def solve_restricted(restricted: CompactProblem, local: np.ndarray | None, until: float):
+    def solve_restricted(
+        restricted: CompactProblem, local: np.ndarray | None, until: float
+    ) -> np.ndarray | None:
         # Every row where the limit can bind, from the start: on V's program over 1,821 promising strategies
         # optimal in 17 s, where rows added as HiGHS's LPs violate them (`solve_whole`) took 22 s.
         program = build_program(restricted, memory_times=binding_memory_times(restricted))

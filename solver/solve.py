@@ -137,15 +137,15 @@ def solve(
     if backend not in (*BACKEND_NAMES, "auto", "heuristic"):
         raise ValueError(f"unknown backend {backend!r}; choose cbc, highs, cpsat, heuristic or auto")
     options = SolveOptions(
-        backend,
-        time_limit,
-        threads,
-        seed,
-        use_reductions,
-        heuristic_share,
-        relative_gap,
-        cutoff,
-        explain_infeasible,
+        backend=backend,
+        time_limit=time_limit,
+        threads=threads,
+        seed=seed,
+        use_reductions=use_reductions,
+        heuristic_share=heuristic_share,
+        relative_gap=relative_gap,
+        cutoff=cutoff,
+        explain_infeasible=explain_infeasible,
     )
     run = _prepare(problem, options, progress)
     if phases.lagrangian_phase(run):

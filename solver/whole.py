@@ -123,7 +123,9 @@ def restricted_solver(settings: BackendSettings) -> RestrictedSolver:
     """`solve_whole` as `solver.large.pruned` calls it on a restricted program: its answer alone, nothing
     reported, nothing timed."""
 
-    def solve_restricted(restricted: CompactProblem, start: np.ndarray | None, deadline: float):
+    def solve_restricted(
+        restricted: CompactProblem, start: np.ndarray | None, deadline: float
+    ) -> np.ndarray | None:
         result, _variables, _constraints = solve_whole(restricted, settings, start, deadline)
         return result.assignment
 
