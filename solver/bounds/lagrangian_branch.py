@@ -25,7 +25,7 @@ decodings, better answers than the cut-off would keep); the search ends once the
 within the whole gap. Every decoded assignment that fits every memory row and uses no forbidden strategy is an
 answer. The search also marks *promising* strategies -- every decoding's, and each node's best beliefs at
 the root (`beliefs`: cost plus messages in, at the root's prices) -- for the caller to solve the program
-over them exactly (`solver.solve._lagrangian_search`): where the relaxation is tight, an optimum of the
+over them exactly (`solver.phases.lagrangian_search`): where the relaxation is tight, an optimum of the
 priced problem takes only those, and TRW-S's own decoding can miss it by a few percent.
 
 Measured on llama3-8b plans (8x8 mesh, 80 GiB; this 2-core machine): 8 layers, memory not binding, root

@@ -7,9 +7,10 @@ rows says which ones matter: at prices ``mu`` on the memory rows, each node's st
 node's best beliefs at the best prices, of two searches over ``mu``: the subgradient ascent of
 `solver.bounds.memory_priced` (passed in as ``also``) and the root of `solver.bounds.lagrangian_branch`
 (Kelley's cutting planes over TRW-S), plus the incumbent's (so the incumbent stays an answer). The program
-over them is a few percent of the size (V: ~1,850 of 11,280 strategies, 18,000-40,000 columns): `solver.solve`
-solves it whole where it is small enough, else `search_restricted` searches it region by region around the
-peak. Its answer is an answer of the whole problem; the search then goes on over every strategy from there.
+over them is a few percent of the size (V: ~1,850 of 11,280 strategies, 18,000-40,000 columns):
+`solver.priced_phases.priced_phase` solves it whole where it is small enough, else `search_restricted`
+searches it region by region around the peak. Its answer is an answer of the whole problem; the search then
+goes on over every strategy from there.
 
 Measured on V (60 s limit, 2 cores; the heuristic's 3.1M first): with the cutting planes' strategies alone
 (they stay at ``mu = 0`` on V) the program's optimum is 2.11M; with the ascent's too, 1.74-1.76M (optimal in

@@ -6,7 +6,7 @@ messages into it, an estimate of the best objective with the node at each strate
 relaxations of sharding problems (often tight) the optimum's strategies rank near the top of their beliefs,
 so the program restricted to each node's `KEEP_PER_NODE` best strategies (plus the incumbent's, so the
 incumbent stays an answer) is small -- thousands of strategies instead of tens of thousands, with edge
-matrices cut to match -- and goes whole to a backend (`solver.solve._solve_whole`: memory rows and all).
+matrices cut to match -- and goes whole to a backend (`solver.whole.solve_whole`: memory rows and all).
 Its answer is an answer of the whole problem; the TRW-S bound is a bound of the whole problem (memory
 ignored), so the pair is a certificate.
 """

@@ -142,9 +142,10 @@ def test_a_background_heuristic_sends_feasible_improving_answers_and_the_portfol
 def test_solve_in_lns_mode_searches_on_the_second_core_and_leaves_no_process(
     monkeypatch: pytest.MonkeyPatch, started_here: Callable[[], list]
 ) -> None:
+    import solver.policy as policy
     import solver.solve as pipeline
 
-    monkeypatch.setattr(pipeline, "FULL_PROGRAM_MAX_VARIABLES", -1)
+    monkeypatch.setattr(policy, "FULL_PROGRAM_MAX_VARIABLES", -1)
     problem = large_problem(np.random.default_rng(4), nodes=800)
     result = pipeline.solve(problem, backend="highs", time_limit=4, threads=2)
     assert result.backend == "highs (lns)"

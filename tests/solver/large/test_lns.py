@@ -51,9 +51,10 @@ def test_subproblem_keeps_the_cost_of_the_fixed_part_out_and_the_memory_in() -> 
 
 
 def test_solve_falls_back_to_lns_when_the_program_is_too_large(monkeypatch: pytest.MonkeyPatch) -> None:
+    import solver.policy as policy
     import solver.solve as pipeline
 
-    monkeypatch.setattr(pipeline, "FULL_PROGRAM_MAX_VARIABLES", -1)
+    monkeypatch.setattr(policy, "FULL_PROGRAM_MAX_VARIABLES", -1)
     rng = np.random.default_rng(21)
     for _ in range(10):
         problem = random_problem(rng, nodes=(4, 7), with_limit=False, forbidden_rate=0.0)

@@ -115,11 +115,12 @@ def test_the_promising_strategies_hold_the_incumbent_and_the_restricted_search_n
 def test_solve_searches_the_promising_strategies_first_when_the_whole_program_is_too_large(
     monkeypatch: pytest.MonkeyPatch, whole: bool
 ) -> None:
+    import solver.policy as policy
     import solver.solve as pipeline
 
-    monkeypatch.setattr(pipeline, "PEAK_WHOLE_MAX_COLUMNS", -1)
+    monkeypatch.setattr(policy, "PEAK_WHOLE_MAX_COLUMNS", -1)
     if not whole:
-        monkeypatch.setattr(pipeline, "PRICED_WHOLE_MAX_COLUMNS", -1)
+        monkeypatch.setattr(policy, "PRICED_WHOLE_MAX_COLUMNS", -1)
     rng = np.random.default_rng(7)
     for _ in range(3):
         problem = tight_problem(rng)
@@ -135,10 +136,11 @@ def test_solve_searches_the_promising_strategies_first_when_the_whole_program_is
 def test_solve_too_large_for_the_whole_program_prices_memory_then_solves_the_promising_program(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    import solver.policy as policy
     import solver.solve as pipeline
 
-    monkeypatch.setattr(pipeline, "FULL_PROGRAM_MAX_VARIABLES", -1)  # large neighbourhood search mode
-    monkeypatch.setattr(pipeline, "PRUNED_MAX_NODES", -1)  # many nodes: not the pruned solve
+    monkeypatch.setattr(policy, "FULL_PROGRAM_MAX_VARIABLES", -1)  # large neighbourhood search mode
+    monkeypatch.setattr(policy, "PRUNED_MAX_NODES", -1)  # many nodes: not the pruned solve
     rng = np.random.default_rng(8)
     for _ in range(3):
         problem = tight_problem(rng)

@@ -10,13 +10,10 @@ import numpy as np
 from solver.compact import compact
 from solver.evaluate import evaluate
 from solver.large.pruned import pruned_solve, restrict
-from solver.solve import _solve_whole
+from solver.whole import BackendSettings, restricted_solver
 from tests.solver.random_problems import brute_force, random_problem
 
-
-def _solver(restricted, start, deadline):
-    result, _v, _c = _solve_whole(restricted, "highs", start, deadline, 1, lambda _c, _b: None, {})
-    return result.assignment
+_solver = restricted_solver(BackendSettings("highs", threads=1))
 
 
 def test_restrict_cuts_costs_edges_and_usages_alike() -> None:
