@@ -25,20 +25,20 @@ from solver.backends.base import (
     empty_program_result,
     integral_objective,
 )
-from solver.backends.highs_model import _to_highs_lp, _use_threads, quiet_highs
+from solver.backends.highs_model import quiet_highs, to_highs_lp, use_threads
 from solver.backends.highs_relaxation import (
     SIMPLEX_DUAL,
-    _Best,
-    _branch,
-    _ExtraRows,
-    _fixed_by_reduced_cost,
-    _fractional_node,
-    _memory_weight,
-    _Relaxation,
-    _relaxation,
-    _relaxation_highs,
-    _support_upper,
-    _within,
+    BestAnswer,
+    Relaxation,
+    SeparatedRows,
+    branch_on_relaxation,
+    fixed_by_reduced_cost,
+    fractional_node,
+    memory_weight,
+    relaxation_highs,
+    separated_relaxation,
+    support_upper,
+    within_gap,
 )
 from solver.ilp import IntegerProgram
 
@@ -56,10 +56,11 @@ class HighsBackend(Backend):
 
     1. The LP relaxation (dual simplex without presolve: several times faster than the MIP root on these
        programs). When its ``x`` is integral, that answer is proven optimal and nothing else runs.
-    2. Otherwise a few branchings on the relaxation (`_branch`, best first, each child LP hot-started from
-       its parent's basis). Where the fractional part is one coherent choice -- a memory limit met by mixing
-       two placements of a repeated layer's weights -- one branching raises the bound most of the way to
-       the optimum. When the best answer is within ``relative_gap`` of the bound, it is returned.
+    2. Otherwise a few branchings on the relaxation (`branch_on_relaxation`, best first, each child LP
+       hot-started from its parent's basis). Where the fractional part is one coherent choice -- a memory
+       limit met by mixing two placements of a repeated layer's weights -- one branching raises the bound most
+       of the way to the optimum. When the best answer is within ``relative_gap`` of the bound, it is
+       returned.
     3. Otherwise the program restricted to the strategies the relaxation uses (plus the warm start's) is
        solved as a MIP: a small program whose answer is usually close to the relaxation's bound.
     4. Otherwise the whole MIP, warm-started from the best answer, with the time that is left.
@@ -74,7 +75,7 @@ class HighsBackend(Backend):
         """
         if empty_program_result(program) is not None:
             return None
-        highs = _relaxation_highs(program, 1)
+        highs = relaxation_highs(program, 1)
         deadline = time.perf_counter() + RELAXATION_SHARE * time_limit
 
         def first_lp() -> highspy.Highs:
@@ -92,14 +93,15 @@ class HighsBackend(Backend):
         highs = started.result() if started is not None else None  # joined even if unused: one pool
         if started is not None and started.program is not program:
             highs = None
-        relaxation = _relaxation(program, RELAXATION_SHARE * call.time_limit, call.threads, highs)
+        relaxation = separated_relaxation(program, RELAXATION_SHARE * call.time_limit, call.threads, highs)
         if relaxation is not None and (answer := run.from_relaxation(relaxation)) is not None:
             return answer
         if (answer := _out_of_time_for_mip(run.best, run.bound, call.begun, run.deadline)) is not None:
             return answer
         # Without the relaxation's rows the MIP knows no memory row at all; an answer that breaks some is
-        # refused (`_Best.offer`), the rows it breaks are added and the MIP runs again with the time left.
-        return run.whole_mip(relaxation.extra_rows if relaxation is not None else _ExtraRows(program))
+        # refused (`BestAnswer.offer`), the rows it breaks are added and the MIP runs again with the time
+        # left.
+        return run.whole_mip(relaxation.extra_rows if relaxation is not None else SeparatedRows(program))
 
 
 class _Run:
@@ -110,17 +112,17 @@ class _Run:
         self.program = program
         self.call = call
         self.deadline = call.begun + call.time_limit
-        self.best = _Best(program, call.warm_start)
+        self.best = BestAnswer(program, call.warm_start)
         self.bound = -math.inf
         self.upper = program.col_upper
 
-    def from_relaxation(self, relaxation: _Relaxation) -> BackendResult | None:
+    def from_relaxation(self, relaxation: Relaxation) -> BackendResult | None:
         """Steps 1-3 of `HighsBackend` on the solved relaxation: the answer when they find one that is
         proven (optimal, or within the gap) or no time is left for the whole MIP, else None."""
         program, call, best = self.program, self.call, self.best
         self.bound, values, reduced_costs = relaxation.bound, relaxation.values, relaxation.reduced_costs
-        weight = _memory_weight(program)
-        if _fractional_node(program, values, weight) is None:
+        weight = memory_weight(program)
+        if fractional_node(program, values, weight) is None:
             seconds = call.elapsed()
             if call.progress is not None:
                 call.progress(seconds, self.bound, self.bound)
@@ -129,19 +131,21 @@ class _Run:
         self._report()
         if call.relative_gap > 0:  # with none, only the MIP can close the gap
             branch_deadline = min(self.deadline, time.perf_counter() + BRANCH_SHARE * call.time_limit)
-            branched = _branch(program, relaxation, best, call.relative_gap, branch_deadline, weight)
+            branched = branch_on_relaxation(
+                program, relaxation, best, call.relative_gap, branch_deadline, weight
+            )
             self.bound = max(self.bound, branched)
         if (answer := self._reported_within_gap()) is not None:
             return answer
         if (answer := _out_of_time_for_mip(best, self.bound, call.begun, self.deadline)) is not None:
             return answer
-        self.upper = _fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
+        self.upper = fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
         support = _Mip(
             min(SUPPORT_SHARE * call.time_limit, self.deadline - time.perf_counter()),
             call.threads,
             best.assignment,
             call.relative_gap,
-            col_upper=np.minimum(self.upper, _support_upper(program, values, best.assignment)),
+            col_upper=np.minimum(self.upper, support_upper(program, values, best.assignment)),
             extra_rows=relaxation.extra_rows,
         )
         answer = _run_mip(program, support)
@@ -149,10 +153,10 @@ class _Run:
             columns = best.offer(answer.assignment)
             if columns is not None:
                 relaxation.extra_rows.add_violated(None, columns)
-            self.upper = _fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
+            self.upper = fixed_by_reduced_cost(program, values, reduced_costs, relaxation.bound, best)
         return self._reported_within_gap()
 
-    def whole_mip(self, extra_rows: _ExtraRows) -> BackendResult:
+    def whole_mip(self, extra_rows: SeparatedRows) -> BackendResult:
         """Step 4 of `HighsBackend`: the MIP with the time left, again with the rows its answer breaks."""
         program, call, best = self.program, self.call, self.best
         rounds = 0
@@ -202,7 +206,9 @@ class _Run:
         return _answer_within_gap(self.best, self.bound, self.call.relative_gap, self.call.begun)
 
 
-def _out_of_time_for_mip(best: _Best, bound: float, begun: float, deadline: float) -> BackendResult | None:
+def _out_of_time_for_mip(
+    best: BestAnswer, bound: float, begun: float, deadline: float
+) -> BackendResult | None:
     """The best answer with the relaxation's bound when a MIP on the whole program would start with less time
     left than the LPs before it took: HiGHS's presolve alone overruns that (llama3-8b on 16x4, 350,000
     columns: 1.7 s of probing on a 0.44 s limit, then nothing found)."""
@@ -213,10 +219,10 @@ def _out_of_time_for_mip(best: _Best, bound: float, begun: float, deadline: floa
 
 
 def _answer_within_gap(
-    best: _Best, bound: float, relative_gap: float, started: float
+    best: BestAnswer, bound: float, relative_gap: float, started: float
 ) -> BackendResult | None:
     """The best answer, once it is proven within ``relative_gap`` of ``bound`` (optimal when they meet)."""
-    if best.assignment is None or not _within(best.objective, bound, relative_gap, best.program):
+    if best.assignment is None or not within_gap(best.objective, bound, relative_gap, best.program):
         return None
     seconds = time.perf_counter() - started
     closed = best.objective - bound <= closing_gap(best.program, best.objective)
@@ -240,7 +246,7 @@ class _Mip:
     col_upper: np.ndarray | None = None
     progress: ProgressSink | None = None
     started: float | None = None
-    extra_rows: _ExtraRows | None = None
+    extra_rows: SeparatedRows | None = None
     target: float = -math.inf
     cut_pool: int | None = None
     give_up: float = math.inf
@@ -258,8 +264,8 @@ def _run_mip(program: IntegerProgram, mip: _Mip) -> BackendResult:
         highs.setOptionValue("objective_target", float(mip.target - program.constant))
     if mip.cut_pool is not None:
         highs.setOptionValue("mip_pool_soft_limit", int(mip.cut_pool))
-    _use_threads(highs, mip.threads)
-    lp = _to_highs_lp(program, mip.extra_rows)
+    use_threads(highs, mip.threads)
+    lp = to_highs_lp(program, mip.extra_rows)
     if mip.col_upper is not None:
         lp.col_upper_ = np.where(np.isinf(mip.col_upper), highspy.kHighsInf, mip.col_upper)
     highs.passModel(lp)

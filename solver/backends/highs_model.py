@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import highspy
 import numpy as np
@@ -13,8 +13,17 @@ import scipy.sparse as sp
 
 from solver.ilp import IntegerProgram
 
-if TYPE_CHECKING:
-    from solver.backends.highs_relaxation import _ExtraRows
+
+class ExtraRows(Protocol):
+    """Rows added to a program's own (`solver.backends.highs_relaxation.SeparatedRows`: the memory rows
+    found violated), each ``matrix() @ x <= upper()``."""
+
+    @property
+    def count(self) -> int: ...
+
+    def matrix(self) -> sp.csr_matrix: ...
+
+    def upper(self) -> np.ndarray: ...
 
 
 #: HiGHS keeps one global thread scheduler per process; its size can change only after a reset. Kept as
@@ -22,7 +31,7 @@ if TYPE_CHECKING:
 _scheduler: list[tuple[int, int]] = []
 
 
-def _use_threads(highs: highspy.Highs, threads: int) -> None:
+def use_threads(highs: highspy.Highs, threads: int) -> None:
     threads, pid = max(1, int(threads)), os.getpid()
     if _scheduler and _scheduler[0] != (pid, threads):
         # A blocking reset waits for the scheduler's threads to stop; in a forked child (a plan search's
@@ -47,7 +56,7 @@ def quiet_highs() -> highspy.Highs:
     return highs
 
 
-def _to_highs_lp(program: IntegerProgram, extra_rows: _ExtraRows | None = None) -> highspy.HighsLp:
+def to_highs_lp(program: IntegerProgram, extra_rows: ExtraRows | None = None) -> highspy.HighsLp:
     matrix, row_lower, row_upper = program.matrix, program.row_lower, program.row_upper
     if extra_rows is not None and extra_rows.count:
         matrix = sp.vstack([matrix, extra_rows.matrix()], format="csr")

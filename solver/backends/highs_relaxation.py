@@ -1,10 +1,10 @@
 """The HiGHS backend's LP relaxation (`solver.backends.highs`): memory rows separated, and branching on it.
 
-The relaxation starts without memory rows; the rows of the program's `MemoryProfile` its solutions violate
-are added and the LP re-solved from its basis (`_solve_separating`) until none is. On it, a short best-first
-branch-and-bound (`_branch`) raises the bound, and its reduced costs fix columns for the MIPs that follow
-(`_fixed_by_reduced_cost`). Every answer found is checked against every row of the program and its memory
-profile before it is kept (`_Best`).
+The relaxation starts without memory rows; the rows of the program's `MemoryProfile` its solutions violate are
+added and the LP re-solved from its basis (`_solve_separating`) until none is. On it, a short best-first
+branch-and-bound (`branch_on_relaxation`) raises the bound, and its reduced costs fix columns for the MIPs
+that follow (`fixed_by_reduced_cost`). Every answer found is checked against every row of the program and its
+memory profile before it is kept (`BestAnswer`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from solver.backends.base import closing_gap
-from solver.backends.highs_model import _to_highs_lp, _use_threads, quiet_highs
+from solver.backends.highs_model import quiet_highs, to_highs_lp, use_threads
 from solver.ilp import IntegerProgram
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ ROWS_PER_SEPARATION = 1
 SIMPLEX_DUAL, SIMPLEX_PARALLEL_DUAL = 1, 2
 
 
-class _Best:
+class BestAnswer:
     """The best assignment seen, with its objective (including the program's constant)."""
 
     def __init__(self, program: IntegerProgram, warm_start: np.ndarray | None) -> None:
@@ -72,7 +72,7 @@ def _satisfies(program: IntegerProgram, columns: np.ndarray) -> bool:
     )
 
 
-def _within(objective: float, bound: float, relative_gap: float, program: IntegerProgram) -> bool:
+def within_gap(objective: float, bound: float, relative_gap: float, program: IntegerProgram) -> bool:
     return objective - bound <= max(relative_gap * abs(objective), closing_gap(program, objective))
 
 
@@ -89,8 +89,8 @@ class LinearSolution:
 
 def solve_relaxation(program: IntegerProgram, time_limit: float, threads: int) -> LinearSolution | None:
     """The LP relaxation of ``program`` with exactly its rows (none separated), by the serial dual simplex
-    without presolve (`_relaxation_highs`); None unless solved to optimality within ``time_limit``."""
-    highs = _relaxation_highs(program, threads)
+    without presolve (`relaxation_highs`); None unless solved to optimality within ``time_limit``."""
+    highs = relaxation_highs(program, threads)
     highs.setOptionValue("simplex_strategy", SIMPLEX_DUAL)
     highs.setOptionValue("time_limit", max(0.01, float(time_limit)))
     if highs.run() == highspy.HighsStatus.kError:
@@ -102,7 +102,7 @@ def solve_relaxation(program: IntegerProgram, time_limit: float, threads: int) -
     return LinearSolution(objective, np.asarray(solution.col_value), np.asarray(solution.row_dual))
 
 
-def _support_upper(program: IntegerProgram, values: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+def support_upper(program: IntegerProgram, values: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
     """Column upper bounds allowing only the strategies with a positive LP value (and those of ``keep``)."""
     upper = program.col_upper.copy()
     x_start, x_stop = program.col_families["x"]
@@ -114,8 +114,8 @@ def _support_upper(program: IntegerProgram, values: np.ndarray, keep: np.ndarray
     return upper
 
 
-def _fixed_by_reduced_cost(
-    program: IntegerProgram, values: np.ndarray, reduced_costs: np.ndarray, bound: float, best: _Best
+def fixed_by_reduced_cost(
+    program: IntegerProgram, values: np.ndarray, reduced_costs: np.ndarray, bound: float, best: BestAnswer
 ) -> np.ndarray:
     """Column upper bounds with every column fixed at 0 that cannot be nonzero in an answer better than the
     best one (reduced-cost fixing): at the relaxation's optimum, a column at 0 with reduced cost ``d`` adds at
@@ -137,7 +137,7 @@ def _fixed_by_reduced_cost(
     return upper
 
 
-class _ExtraRows:
+class SeparatedRows:
     """Memory rows of the program's `MemoryProfile` added to the LP because a solution violated them."""
 
     def __init__(self, program: IntegerProgram) -> None:
@@ -183,7 +183,7 @@ class _ExtraRows:
 
 
 @dataclass
-class _Relaxation:
+class Relaxation:
     """The LP relaxation solved to optimality, with the solver holding its basis (for hot starts), and the
     memory rows it needed beyond the program's."""
 
@@ -191,37 +191,37 @@ class _Relaxation:
     bound: float
     values: np.ndarray
     reduced_costs: np.ndarray
-    extra_rows: _ExtraRows
+    extra_rows: SeparatedRows
     threads: int
 
 
-def _relaxation(
+def separated_relaxation(
     program: IntegerProgram, time_limit: float, threads: int, highs: highspy.Highs | None = None
-) -> _Relaxation | None:
+) -> Relaxation | None:
     """The LP relaxation solved to optimality over every memory row of the program's profile (those it
     violates are added and the LP re-solved from its basis, `_solve_separating`), else None. ``highs``: the
     relaxation's solver with its first LP already run (`HighsBackend.begin`)."""
     if highs is None:
-        highs = _relaxation_highs(program, threads)
+        highs = relaxation_highs(program, threads)
     else:
-        _use_threads(highs, threads)
-    extra_rows = _ExtraRows(program)
+        use_threads(highs, threads)
+    extra_rows = SeparatedRows(program)
     _ended, values = _solve_separating(highs, extra_rows, time.perf_counter() + time_limit, threads)
     if values is None:
         return None
     reduced_costs = np.asarray(highs.getSolution().col_dual)
     bound = float(highs.getObjectiveValue()) + program.constant
-    return _Relaxation(highs, bound, values, reduced_costs, extra_rows, threads)
+    return Relaxation(highs, bound, values, reduced_costs, extra_rows, threads)
 
 
-def _relaxation_highs(program: IntegerProgram, threads: int) -> highspy.Highs:
+def relaxation_highs(program: IntegerProgram, threads: int) -> highspy.Highs:
     """A HiGHS instance holding the LP relaxation of ``program`` (no memory rows), set up for the simplex."""
     highs = quiet_highs()
     highs.setOptionValue("presolve", "off")
     highs.setOptionValue("solver", "simplex")
     highs.setOptionValue("user_objective_scale", _objective_scale(program))
-    _use_threads(highs, threads)
-    lp = _to_highs_lp(program)
+    use_threads(highs, threads)
+    lp = to_highs_lp(program)
     lp.integrality_ = []
     highs.passModel(lp)
     return highs
@@ -248,7 +248,7 @@ _SOLVED, _CUT_OFF, _INFEASIBLE, _UNSOLVED = "solved", "cut off", "infeasible", "
 
 
 def _solve_separating(
-    highs: highspy.Highs, extra_rows: _ExtraRows, deadline: float, threads: int, cutoff: float = math.inf
+    highs: highspy.Highs, extra_rows: SeparatedRows, deadline: float, threads: int, cutoff: float = math.inf
 ) -> tuple[str, np.ndarray | None]:
     """Solve the LP in ``highs``, adding violated memory rows and re-solving until none is: (how it ended,
     the column values when solved). With a finite ``cutoff`` (in HiGHS's objective, without the program's
@@ -286,7 +286,7 @@ def _solve_separating(
         round_ += 1
 
 
-def _memory_weight(program: IntegerProgram) -> np.ndarray:
+def memory_weight(program: IntegerProgram) -> np.ndarray:
     """Per ``x`` column: the memory its strategy uses over the node's least, summed over the node's terms."""
     x_start, x_stop = program.col_families["x"]
     profile = program.memory_profile
@@ -294,11 +294,11 @@ def _memory_weight(program: IntegerProgram) -> np.ndarray:
     return np.asarray(abs(usage).sum(axis=0)).ravel()[x_start:x_stop]
 
 
-def _fractional_node(program: IntegerProgram, values: np.ndarray, weight: np.ndarray) -> int | None:
+def fractional_node(program: IntegerProgram, values: np.ndarray, weight: np.ndarray) -> int | None:
     """The super node to branch on in an LP solution, None when its ``x`` is integral.
 
     Among nodes with a fractional ``x``, the one whose used strategies differ most in memory (``weight``,
-    `_memory_weight`; ties and programs without memory rows: the most fractional), since a memory limit
+    `memory_weight`; ties and programs without memory rows: the most fractional), since a memory limit
     met by mixing placements is what keeps these relaxations fractional.
     """
     x_start, x_stop = program.col_families["x"]
@@ -358,17 +358,17 @@ class _Subproblem:
     basis: highspy.HighsBasis = field(compare=False)
 
 
-def _branch(
+def branch_on_relaxation(
     program: IntegerProgram,
-    relaxation: _Relaxation,
-    best: _Best,
+    relaxation: Relaxation,
+    best: BestAnswer,
     relative_gap: float,
     deadline: float,
     weight: np.ndarray,
 ) -> float:
     """A proven bound from best-first branch-and-bound on the relaxation, for at most `BRANCH_MAX_LPS` LPs.
 
-    A subproblem's ``x`` is branched on `_fractional_node`'s strategy of largest value: one child takes it,
+    A subproblem's ``x`` is branched on `fractional_node`'s strategy of largest value: one child takes it,
     the other forbids it. Each child LP starts from its parent's basis (a few bound changes: dual simplex
     from a dual-feasible basis) and stops as soon as its dual objective proves it holds nothing more than
     half of ``relative_gap`` better than the best answer (`_cutoff`). Integral children, and children's argmax
@@ -388,9 +388,9 @@ def _branch(
     solved = 0
     while heap:
         node = heap[0]
-        if best.assignment is not None and _within(best.objective, node.bound, relative_gap, program):
+        if best.assignment is not None and within_gap(best.objective, node.bound, relative_gap, program):
             break
-        k = _fractional_node(program, node.values, weight) if node.values is not None else None
+        k = fractional_node(program, node.values, weight) if node.values is not None else None
         if k is None or solved >= BRANCH_MAX_LPS or time.perf_counter() >= deadline:
             break
         heapq.heappop(heap)
@@ -423,12 +423,12 @@ def _branch(
                     heapq.heappush(heap, _Subproblem(node.bound, solved, x_upper, None, node.basis))
                 continue
             best.offer(program.assignment(values))
-            if _fractional_node(program, values, weight) is not None:
+            if fractional_node(program, values, weight) is not None:
                 heapq.heappush(heap, _Subproblem(value, solved, x_upper, values, highs.getBasis()))
     return min(heap[0].bound if heap else math.inf, cut_off, best.objective)
 
 
-def _cutoff(best: _Best, relative_gap: float, program: IntegerProgram) -> float:
+def _cutoff(best: BestAnswer, relative_gap: float, program: IntegerProgram) -> float:
     """The bound above which a subproblem is dropped: it holds nothing more than half of ``relative_gap``
     better than the best answer. Half, because a child solved to the end offers its rounding: on the
     80-layer llama program, cutting children off at the whole gap left the heuristic's answer (0.4% above

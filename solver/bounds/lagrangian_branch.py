@@ -20,10 +20,10 @@ layers, and its bound is only proven after branching. Both steps have a cheap TR
   the same memory, and forbidding one of them lets another take its place at the same bound.
 
 Best-first search; a subproblem whose bound is within `CUTOFF_SHARE` of the requested gap below the best
-answer is cut off (as `solver.backends.highs_relaxation._branch` does: solving a child on instead gives its
-decodings, better answers than the cut-off would keep); the search ends once the smallest open bound is
-within the whole gap. Every decoded assignment that fits every memory row and uses no forbidden strategy is an
-answer. The search also marks *promising* strategies -- every decoding's, and each node's best beliefs at
+answer is cut off (as `solver.backends.highs_relaxation.branch_on_relaxation` does: solving a child on instead
+gives its decodings, better answers than the cut-off would keep); the search ends once the smallest open bound
+is within the whole gap. Every decoded assignment that fits every memory row and uses no forbidden strategy is
+an answer. The search also marks *promising* strategies -- every decoding's, and each node's best beliefs at
 the root (`beliefs`: cost plus messages in, at the root's prices) -- for the caller to solve the program
 over them exactly (`solver.phases.lagrangian_search`): where the relaxation is tight, an optimum of the
 priced problem takes only those, and TRW-S's own decoding can miss it by a few percent.

@@ -14,12 +14,12 @@ from solver.backends.highs import HighsBackend, _out_of_time_for_mip
 from solver.backends.highs_relaxation import (
     _CUT_OFF,
     LARGEST_LP_COST,
-    _Best,
-    _fractional_node,
-    _memory_weight,
+    BestAnswer,
     _objective_scale,
-    _relaxation,
     _solve_separating,
+    fractional_node,
+    memory_weight,
+    separated_relaxation,
 )
 from solver.compact import compact
 from solver.errors import InfeasibleError
@@ -101,7 +101,7 @@ def test_backend_keeps_its_gap_and_a_valid_bound_when_the_relaxation_mixes(relat
     assert expected is not None
     core = compact(problem)
     program = build_program(core, memory_times=np.zeros(0, np.int64))  # rows come from the profile
-    relaxation = _relaxation(program, time_limit=10, threads=1)
+    relaxation = separated_relaxation(program, time_limit=10, threads=1)
     assert relaxation is not None and relaxation.bound < expected - 0.5  # the relaxation mixes
     result = HighsBackend().solve(program, time_limit=20, threads=1, relative_gap=relative_gap)
     assert result.status != INFEASIBLE and result.assignment is not None
@@ -181,14 +181,14 @@ def test_cutoff_stops_a_child_lp_of_a_scaled_program() -> None:
     objective (its ``objective_bound`` option is compared with the scaled objective)."""
     program = build_program(compact(_memory_bound_problem(12, 1e6)), memory_times=np.zeros(0, np.int64))
     assert _objective_scale(program) < 0
-    relaxation = _relaxation(program, time_limit=10, threads=1)
+    relaxation = separated_relaxation(program, time_limit=10, threads=1)
     assert relaxation is not None
-    node = _fractional_node(program, relaxation.values, _memory_weight(program))
+    node = fractional_node(program, relaxation.values, memory_weight(program))
     assert node is not None
     start = program.x_offset[node]
     chosen = start + int(np.argmax(relaxation.values[start : start + program.strategy_counts[node]]))
     basis = relaxation.highs.getBasis()
-    relaxation.highs.changeColBounds(int(chosen), 0.0, 0.0)  # forbid it, as `_branch` does
+    relaxation.highs.changeColBounds(int(chosen), 0.0, 0.0)  # forbid it, as `branch_on_relaxation` does
     relaxation.highs.setBasis(basis)
     cutoff = (relaxation.bound - program.constant) * (1 - 1e-4)  # HiGHS's own objective: no constant
     ended, values = _solve_separating(
@@ -205,10 +205,10 @@ def test_no_whole_program_mip_starts_with_less_time_left_than_the_lps_before_it_
     program = build_program(compact(problem), memory_times=np.zeros(0, np.int64))
     answer = HighsBackend().solve(program, time_limit=10, threads=1).assignment
     assert answer is not None
-    best, now = _Best(program, answer), time.perf_counter()
+    best, now = BestAnswer(program, answer), time.perf_counter()
     stopped = _out_of_time_for_mip(best, 1.5, begun=now - 2.0, deadline=now + 1.0)
     assert stopped is not None and stopped.status == FEASIBLE
     assert np.array_equal(stopped.assignment, answer) and stopped.bound == 1.5
     assert stopped.objective == best.objective and stopped.seconds >= 2.0
     assert _out_of_time_for_mip(best, 1.5, begun=now - 1.0, deadline=now + 2.0) is None
-    assert _out_of_time_for_mip(_Best(program, None), 1.5, begun=now - 2.0, deadline=now + 1.0) is None
+    assert _out_of_time_for_mip(BestAnswer(program, None), 1.5, begun=now - 2.0, deadline=now + 1.0) is None
