@@ -556,7 +556,7 @@ def serve_command(
     import uvicorn
 
     from service.app.main import create_app
-    from service.app.settings import Settings
+    from service.settings import Settings
 
     overrides = {"host": host, "port": port, "workers": workers, "database_url": database_url}
     settings = Settings(**{key: value for key, value in overrides.items() if value is not None})

@@ -8,12 +8,11 @@ work it asks for. Checking (:func:`check`) does what needs the model or the grap
 the meta device with its options, a graph document read as the planner will read it, pinned placements
 against the model's parameters and inputs, the service's caps. Both raise :class:`BadRequest` naming the
 field; both are plain functions of picklable values, so a checker process can run them
-(:mod:`service.checker`).
+(:mod:`service.app.checker`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -21,15 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from service.app.schemas import PlanSubmission, SearchSubmission
-from service.planning import (
-    HASH_SALT,
-    BadRequest,
-    canonical_plan_request,
-    plan_hash,
-    solve_hash,
-    validate_plan,
-)
+from service.planning import plan_hash, search_hash, solve_hash, validate_plan
+from service.submissions import BadRequest, PlanSubmission, SearchSubmission, canonical_plan_request
 
 PLAN, SOLVE, SEARCH = "plan", "solve", "search"
 MAX_FREE_DEPTH = 32
@@ -98,8 +90,9 @@ def read_solve(body: bytes, options: dict[str, Any]) -> Intake:
 
 
 def read_search(body: bytes) -> Intake:
-    """``POST /v1/searches``: the search, its candidates counted; keyed by a hash of its canonical form (a
-    resubmission joins the search running; a search is never answered from an earlier one's results)."""
+    """``POST /v1/searches``: the search, its candidates counted; keyed by :func:`search_hash` of its
+    canonical form (a resubmission joins the search running; a search is never answered from an earlier
+    one's results)."""
     from service.search.candidates import make_candidates
 
     submission = parse(SearchSubmission, body)
@@ -112,8 +105,7 @@ def read_search(body: bytes) -> Intake:
     except ValueError as error:
         raise BadRequest("axis_limits", str(error)) from None
     candidates = len(made)
-    key = hashlib.sha256(f"{HASH_SALT}:search:{text}".encode()).hexdigest()
-    return Intake(SEARCH, key, text, submission.solver.time_limit_s * candidates, candidates)
+    return Intake(SEARCH, search_hash(request), text, submission.solver.time_limit_s * candidates, candidates)
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:

@@ -2,11 +2,12 @@
 processes.
 
 A submission is validated (:func:`validate_plan`, called by :mod:`service.intake` in a checker process) and
-keyed by a content hash of everything that changes the answer (:func:`plan_hash`, :func:`solve_hash`); a
-worker process runs it (:func:`run_plan_job`, :func:`run_solve_job`). A launcher's graph document (instead
-of a built-in model) is read as the planner will read it (:func:`graph_tensors`), so a bad one is refused at
-once naming its field; the worker plans from it without importing any model code. Hardware is a preset name
-or figures (:func:`service_hardware`): nothing a request names is read from the server's disk.
+keyed by a content hash of everything that changes the answer (:func:`plan_hash`, :func:`solve_hash`,
+:func:`search_hash`); a worker process runs it (:func:`run_plan_job`, :func:`run_solve_job`). A launcher's
+graph document (instead of a built-in model) is read as the planner will read it (:func:`graph_tensors`), so
+a bad one is refused at once naming its field; the worker plans from it without importing any model code.
+Hardware is a preset name or figures (:func:`service_hardware`): nothing a request names is read from the
+server's disk.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.app.schemas import PlanSubmission
+from service.submissions import BadRequest, plan_request
 
 HASH_SALT = "autoshard-service-v2"
 """Part of every plan and solve key: the cost model is part of what a stored plan means, so a change of it
@@ -29,17 +30,6 @@ MAX_LAYERS = 1024
 """The deepest model a request may ask for (``layers``, or ``options.n_layers``)."""
 Report = Callable[[dict[str, Any]], None]
 """Receives progress: ``{"phase", "incumbent", "bound", "gap", "elapsed_s"}``."""
-
-
-class BadRequest(ValueError):
-    """A request the service refuses (``status``: 422, or 413 for a graph past the service's bounds);
-    ``field`` names the offending field of the body."""
-
-    def __init__(self, field: str, message: str, status: int = 422) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-        self.status = status
 
 
 _PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.@+-]+){2,}[\\/]?")
@@ -57,15 +47,17 @@ def public_message(error: BaseException) -> str:
 # -------------------------------------------------------------------------------------------- hashing
 
 
-def canonical_plan_request(submission: PlanSubmission) -> dict[str, Any]:
-    """The submission with every default filled in, as stored with its job (JSON-ready)."""
-    return submission.model_dump(mode="json")
-
-
 def plan_hash(request: dict[str, Any]) -> str:
     """sha256 of the canonical request: equal requests (defaults included) share one plan."""
     text = json.dumps(request, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(f"{HASH_SALT}:plan:{text}".encode()).hexdigest()
+
+
+def search_hash(request: dict[str, Any]) -> str:
+    """sha256 of the canonical search request: a resubmission joins the search running (a search is never
+    answered from an earlier one's results: those are read through its job)."""
+    text = json.dumps(request, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(f"{HASH_SALT}:search:{text}".encode()).hexdigest()
 
 
 def solve_hash(problem_hash: str, options: dict[str, Any]) -> str:
@@ -251,35 +243,13 @@ def run_plan_job(request: dict[str, Any], report: Report | None = None) -> dict[
     """Plan a validated request (see :func:`validate_plan`): the plan JSON. Raises BadRequest for what only
     the work finds wrong, and InfeasibleError when no plan fits the budget."""
     from strategies.graph.graph_format import GraphFormatError
-    from strategies.plan.planner import PlanRequest, plan_model
+    from strategies.plan.planner import plan_model
 
     hardware = request["hardware"]
-    solver = request["solver"]
-    plan_request = PlanRequest(
-        model=request["model"] or "",
-        graph=request.get("graph"),
-        mesh="x".join(str(n) for n in request["mesh"]["shape"]),
-        axis_names=None if request["mesh"]["axis_names"] is None else ",".join(request["mesh"]["axis_names"]),
-        hardware=service_hardware(hardware),
-        memory_gib=request["memory_gib"],
-        batch=request["batch"],
-        seq=request["seq"],
-        layers=request["layers"],
-        dtype=request["dtype"],
-        compute_dtype=request.get("compute_dtype"),
-        backend=solver["backend"],
-        time_limit=solver["time_limit_s"],
-        gap=solver["gap"],
-        options=dict(request["options"]),
-        input_placements={int(k): v for k, v in request["pinned"]["inputs"].items()},
-        parameter_placements=dict(request["pinned"]["parameters"]),
-        captured_layers=request["captured_layers"] or None,
-        baseline=request["baseline"],
-        recompute=request.get("recompute", "auto"),
-    )
+    planned = plan_request(request, service_hardware(hardware))
     listener = PlanProgress(report)
     try:
-        outcome = plan_model(plan_request, progress=listener)
+        outcome = plan_model(planned, progress=listener)
     except GraphFormatError as error:
         raise BadRequest(f"graph.{error.field}", error.message, status=error.status) from error
     except ValueError as error:

@@ -40,7 +40,7 @@ PRELOAD = (
     "service.planning",
     "service.explaining",
     "service.jobs.worker",
-    "service.checker",
+    "service.app.checker",
     "service.app.explain",
 )
 

@@ -252,11 +252,11 @@ def check_data(block: Block, folder: Path) -> None:
 
         assert (load_hardware(path) if path is not None else override_hardware(data)).name
     elif kind == "plan-request":
-        from service.app.schemas import PlanSubmission
+        from service.submissions import PlanSubmission
 
         PlanSubmission.model_validate(data)
     elif kind == "search-request":
-        from service.app.schemas import SearchSubmission
+        from service.submissions import SearchSubmission
 
         SearchSubmission.model_validate(data)
     else:

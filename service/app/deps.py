@@ -11,8 +11,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from service.access import EVERYONE, METRICS, READ, SUBMIT, Principal, principal_of
-from service.app.settings import Settings
 from service.jobs.metrics import Metrics
+from service.settings import Settings
 from service.store.plan_cache import PlanCache
 from service.store.session import Store
 

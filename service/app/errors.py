@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.planning import BadRequest
+from service.submissions import BadRequest
 
 log = logging.getLogger("autoshard.api")
 UNPROCESSABLE = 422

@@ -9,10 +9,10 @@ from typing import Any
 from fastapi import HTTPException, status
 
 from service.app.errors import too_busy
-from service.app.settings import Settings
 from service.explaining import explain_or_error
-from service.planning import BadRequest
 from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_server
+from service.settings import Settings
+from service.submissions import BadRequest
 
 EXPLAIN_TIMEOUT_S = 120.0
 KEPT_REPORTS = 512

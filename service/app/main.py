@@ -11,15 +11,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from service.app.checker import Checker
 from service.app.errors import install_error_handlers
 from service.app.explain import Explainer
 from service.app.middleware import BodyLimit, RequestTimer
 from service.app.openapi import install_body_schemas
 from service.app.routes import hardware, health, jobs, models, plans, searches, solve
-from service.app.settings import Settings, get_settings
-from service.checker import Checker
 from service.jobs.metrics import Metrics
 from service.jobs.runner import JobRunner
+from service.settings import Settings, get_settings
 from service.store import jobs as job_store
 from service.store.migrate import upgrade_to_head
 from service.store.plan_cache import PlanCache

@@ -15,12 +15,12 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from service.access import Principal
+from service.app.checker import Checker
 from service.app.errors import too_busy
-from service.app.settings import Settings
 from service.app.views import accepted
-from service.checker import Checker
 from service.intake import SEARCH, Intake, check_caps
 from service.jobs.metrics import Metrics
+from service.settings import Settings
 from service.store import jobs as job_store
 from service.store import plans as plan_store
 from service.store.plan_cache import PlanCache

@@ -21,13 +21,14 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from service.app.settings import Settings
 from service.jobs.metrics import Metrics
 from service.jobs.worker import worker_main
 from service.processes import child_context
+from service.settings import Settings
 from service.store import jobs as job_store
 from service.store import plans as plan_store
-from service.store.models import FAILED, QUEUED, SEARCH, SUCCEEDED, Job, search_results_key
+from service.store import searches as search_store
+from service.store.models import FAILED, QUEUED, SEARCH, SUCCEEDED, Job
 from service.store.plan_cache import PlanCache
 from service.store.retention import apply_retention
 from service.store.session import Store
@@ -203,9 +204,13 @@ class WorkerSlot(threading.Thread):
             return
         if message[0] == "done":
             _, document, seconds = message  # the result's JSON text, stored as it came
-            key = search_results_key(job.id) if job.kind == SEARCH else job.problem_hash
             with store.session() as session:
-                plan_store.save_plan(session, key, job.kind, document, job.id, seconds, job.owner)
+                if job.kind == SEARCH:
+                    search_store.save_results(session, job.id, job.problem_hash, document, seconds)
+                else:
+                    plan_store.save_plan(
+                        session, job.problem_hash, job.kind, document, job.id, seconds, job.owner
+                    )
                 job_store.finish_job(session, job.id, self.owner, SUCCEEDED, None, progress)
             metrics.solve_seconds.labels(job.kind).observe(seconds)
             metrics.jobs_finished.labels(SUCCEEDED).inc()

@@ -47,12 +47,12 @@ def worker_main(connection: Connection, server: int) -> None:
 def _warm_up(planning: Any) -> None:
     """Plan a tiny model once before saying ready: the first plan of a process pays ~3 s of imports and
     first-call costs (a small plan after it takes ~0.1 s), and a worker that can plan is one that is ready."""
-    from service.app.schemas import PlanSubmission
+    from service.submissions import PlanSubmission, canonical_plan_request
 
     tiny = PlanSubmission.model_validate(
         {"model": "mlp", "options": {"d": 8, "h": 8}, "batch": 2, "mesh": {"shape": [2]}}
     )
-    planning.run_plan_job(planning.canonical_plan_request(tiny))
+    planning.run_plan_job(canonical_plan_request(tiny))
 
 
 def _run(planning: Any, kind: str, text: str, context: dict[str, Any] | None, report: Any) -> tuple:

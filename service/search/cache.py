@@ -33,8 +33,8 @@ class SearchPlanCache:
 
     def key(self, request: SearchRequest, candidate: Candidate) -> str | None:
         """The service's key of the candidate's plan; None when the service could not take its request."""
-        from service.app.schemas import PlanSubmission
-        from service.planning import canonical_plan_request, plan_hash
+        from service.planning import plan_hash
+        from service.submissions import PlanSubmission, canonical_plan_request
 
         try:
             submission = PlanSubmission.model_validate(request.service_submission(candidate))

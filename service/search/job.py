@@ -12,44 +12,11 @@ from typing import Any
 
 from service.search.executors import InlineExecutor, RayExecutor
 from service.search.report.page import write_report
-from service.search.request import SearchRequest
 from service.search.results import has_plan
 from service.search.task import UNPLANNED
+from service.submissions import search_request
 
 SEARCH_PHASE = "search"
-
-
-def search_request(body: dict[str, Any]) -> SearchRequest:
-    """The search a validated ``POST /v1/searches`` body asks for (one worker: the job's process); its
-    hardware a preset (the service reads no file a request names)."""
-    from service.planning import BadRequest
-    from strategies.cost.hardware import PRESETS
-
-    if body["hardware"] not in PRESETS:
-        raise BadRequest("hardware", "not a preset")
-    solver = body["solver"]
-    return SearchRequest(
-        model=body["model"],
-        devices=body["devices"],
-        hardware=body["hardware"],
-        memory_gib=body["memory_gib"],
-        batch_sizes=list(body["batch_sizes"]),
-        seq=body["seq"],
-        max_mesh_dims=body["max_mesh_dims"],
-        axis_limits=dict(body.get("axis_limits") or {}),
-        executor="ray" if _ray_address() else "local",
-        workers=1,
-        time_limit_s=solver["time_limit_s"],
-        gap=solver["gap"],
-        backend=solver["backend"],
-        dtype=body["dtype"],
-        compute_dtype=body.get("compute_dtype"),
-        layers=body["layers"],
-        options=dict(body["options"]),
-        captured_layers=body["captured_layers"] or None,
-        recompute=body.get("recompute", "auto"),
-        prune=body.get("prune", True),
-    )
 
 
 def run_search_job(
@@ -59,11 +26,11 @@ def run_search_job(
     report: Callable[[dict[str, Any]], None] | None,
     owner: str,
 ) -> dict[str, Any]:
-    """Run the search of ``body`` writing its files under ``out``, sharing plans with ``owner``'s; the
-    results document."""
+    """Run the search of a validated ``POST /v1/searches`` ``body`` (one worker: the job's process) writing
+    its files under ``out``, sharing plans with ``owner``'s; the results document."""
     from service.search.runner import run_search
 
-    request = search_request(body)
+    request = search_request(body, executor="ray" if _ray_address() else "local", workers=1)
     listener = JobProgress(report)
     executor = RayExecutor() if _ray_address() else InlineExecutor()
     results = run_search(request, out, listener, cache_url=cache_url, executor=executor, cache_reader=owner)

@@ -1,8 +1,7 @@
-"""The service's tables: jobs (the queue, with leases) and plans (results by problem hash)."""
+"""The service's tables: jobs (the queue, with leases), plans (results by problem hash) and searches (a search
+job's results)."""
 
 from __future__ import annotations
-
-import hashlib
 
 from sqlalchemy import Float, Index, Integer, String, Text, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -16,7 +15,7 @@ QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELED = "queued", "running", "succeeded",
 JOB_STATES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELED)
 FINISHED_STATES = (SUCCEEDED, FAILED, CANCELED)
 PLAN, SOLVE, SEARCH = "plan", "solve", "search"
-"""Job kinds; a search's results document is stored in ``plans`` under :func:`search_results_key`."""
+"""Job kinds; a plan's or solve's result is stored in ``plans``, a search's in ``searches``."""
 LIVE_JOB = text("state IN ('queued', 'running')")
 """The jobs a resubmission joins: one per owner and problem hash (a unique partial index)."""
 
@@ -68,8 +67,7 @@ class Job(Base):
 
 
 class Plan(Base):
-    """A finished result: a plan JSON (``kind`` plan), a solver result (``kind`` solve) or a search's results
-    (``kind`` search)."""
+    """A finished result: a plan JSON (``kind`` plan) or a solver result (``kind`` solve)."""
 
     __tablename__ = "plans"
 
@@ -92,7 +90,16 @@ class PlanReader(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
-def search_results_key(job_id: str) -> str:
-    """Where a search job's results document is stored in ``plans``: its own key (a search is never answered
-    from an earlier search's results; its files live under its job id)."""
-    return hashlib.sha256(f"autoshard-search-results:{job_id}".encode()).hexdigest()
+class Search(Base):
+    """A search job's results document (results.json): read through its job (its owner, or an admin), never
+    by content hash (a search is never answered from an earlier one's results; its files live under its job
+    id)."""
+
+    __tablename__ = "searches"
+
+    job_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    problem_hash: Mapped[str] = mapped_column(String(64))
+    """The job's: the content hash of the canonical search request."""
+    document: Mapped[str] = mapped_column(Text)
+    solve_seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from service.checker import _answer, _checked
-from service.planning import BadRequest
+from service.app.checker import _answer, _checked
 from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_server, process_running
+from service.submissions import BadRequest
 
 
 def spin(seconds: float) -> str:

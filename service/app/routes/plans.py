@@ -12,11 +12,11 @@ from starlette.concurrency import run_in_threadpool
 from service.app.deps import PlanCacheDep, Reader, StoreDep, Submitter
 from service.app.explain import explain
 from service.app.openapi import json_body
-from service.app.schemas import JobOut, PlanSubmission
+from service.app.schemas import JobOut
 from service.app.submission import Services, cached_result, stored_result, submit
 from service.intake import read_plan
-from service.planning import BadRequest
 from service.store import plans as plan_store
+from service.submissions import BadRequest, PlanSubmission
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 ProblemHash = Annotated[str, Path(pattern="^[0-9a-f]{64}$", description="the problem's content hash")]

@@ -3,7 +3,6 @@ results; its HTML report once done. A principal sees its own searches (an ``admi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,13 +13,14 @@ from fastapi.responses import HTMLResponse, Response
 from service.access import Principal
 from service.app.deps import Reader, SessionDep, SettingsDep, Submitter
 from service.app.openapi import json_body
-from service.app.schemas import SearchOut, SearchSubmission
+from service.app.schemas import SearchOut
 from service.app.submission import Services, submit
 from service.app.views import search_out
 from service.intake import read_search
 from service.store import jobs as job_store
-from service.store import plans as plan_store
-from service.store.models import SEARCH, SUCCEEDED, Job, search_results_key
+from service.store import searches as search_store
+from service.store.models import SEARCH, SUCCEEDED, Job
+from service.submissions import SearchSubmission
 
 router = APIRouter(prefix="/v1/searches", tags=["searches"])
 SearchId = Annotated[str, PathParam(min_length=1, max_length=36, description="the search's job id")]
@@ -83,5 +83,4 @@ def _search_job(session: Any, search_id: str, principal: Principal) -> Job:
 def _results(session: Any, job: Job) -> dict[str, Any] | None:
     if job.state != SUCCEEDED:
         return None
-    stored = plan_store.get_plan(session, search_results_key(job.id))
-    return None if stored is None else json.loads(stored.document)
+    return search_store.get_results(session, job.id)

@@ -9,9 +9,10 @@ from fastapi.responses import Response
 
 from service.app.deps import Submitter
 from service.app.openapi import json_body
-from service.app.schemas import MAX_TIME_LIMIT_S, Backend, JobOut
+from service.app.schemas import JobOut
 from service.app.submission import Services, submit
 from service.intake import read_solve
+from service.submissions import MAX_TIME_LIMIT_S, Backend
 
 router = APIRouter(prefix="/v1/solve", tags=["solve"])
 IOPDDL = {

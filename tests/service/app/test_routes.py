@@ -248,10 +248,46 @@ def test_the_same_search_submitted_again_joins_the_running_one(client: TestClien
     assert client.post("/v1/searches", json={**search, "devices": 8}).json()["id"] != first.json()["id"]
 
 
+def test_a_full_queue_answers_a_search_as_it_answers_a_plan(make_client) -> None:
+    search = {"model": "mlp", "devices": 4, "batch_sizes": [8, 16]}
+    for first in ("/v1/plans", "/v1/searches"):  # the queue filled by a plan, then by a search
+        client = make_client(max_live_jobs=1, retry_after_s=7)
+        assert client.post(first, json=MLP if first == "/v1/plans" else search).status_code == 202
+        plan = client.post("/v1/plans", json={**MLP, "batch": 16})
+        refused = client.post("/v1/searches", json={**search, "devices": 8})
+        assert plan.status_code == refused.status_code == 429
+        assert refused.json() == plan.json() and "the queue is full" in plan.json()["detail"]
+        assert refused.headers["retry-after"] == plan.headers["retry-after"] == "7"
+
+
+def test_a_searchs_problem_hash_is_the_content_hash_of_its_request(client: TestClient) -> None:
+    from service.intake import read_search
+
+    search = {"model": "mlp", "devices": 4, "batch_sizes": [8, 16]}
+
+    def key(body: dict) -> str:
+        return read_search(json.dumps(body).encode()).key
+
+    assert key(search) == key(dict(reversed(search.items())))  # the order of the fields
+    assert key(search) == key({**search, "hardware": "h100", "prune": True, "solver": {"backend": "auto"}})
+    changed = [
+        {"devices": 8},
+        {"batch_sizes": [16, 8]},
+        {"hardware": "a100"},
+        {"options": {"d": 16}},
+        {"solver": {"time_limit_s": 5}},
+        {"max_mesh_dims": 2},
+        {"prune": False},
+    ]
+    assert len({key(search), *(key({**search, **change}) for change in changed)}) == 1 + len(changed)
+    job = client.post("/v1/searches", json=search).json()
+    assert client.get(f"/v1/jobs/{job['id']}").json()["problem_hash"] == key(search)
+
+
 def test_a_token_configuration_with_an_unknown_scope_stops_the_server() -> None:
     from pydantic import ValidationError
 
-    from service.app.settings import Settings
+    from service.settings import Settings
 
     with pytest.raises(ValidationError, match="unknown scope 'wrte'"):
         Settings(tokens={"a-long-token": ["read", "wrte"]})
@@ -295,8 +331,8 @@ def test_cors_is_off_unless_origins_are_set(make_client) -> None:
 
 
 def test_a_request_may_replace_the_achieved_rates_of_its_hardware() -> None:
-    from service.app.schemas import PlanSubmission, hardware_document
     from service.planning import service_hardware
+    from service.submissions import PlanSubmission, hardware_document
 
     figures = {"base": "h100", "attention_efficiency": 0.65, "overlap_slowdown": 0, "sm_count": 144}
     submission = PlanSubmission.model_validate({**MLP, "hardware": figures})

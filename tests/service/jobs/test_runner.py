@@ -17,8 +17,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app.main import create_app
-from service.app.settings import Settings
 from service.processes import process_running
+from service.settings import Settings
 from service.store import jobs as job_store
 from tests.bundled_data import EXAMPLE, INSTANCE_G
 

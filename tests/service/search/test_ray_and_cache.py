@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app.main import create_app
-from service.app.settings import Settings
 from service.search.runner import run_search, search_candidates
+from service.settings import Settings
 from tests.service.search.conftest import mlp_search
 
 

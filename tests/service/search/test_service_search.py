@@ -3,6 +3,7 @@ here, the report (or 501 without the report module), and the plans it left in th
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,11 +11,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import func, select
 
 from service.app.main import create_app
-from service.app.settings import Settings
 from service.search.report import page as report_page
 from service.search.runner import run_search, search_candidates
+from service.settings import Settings
+from service.store.models import Plan, Search
 from tests.service.search.conftest import MLP_OPTIONS, mlp_search
 
 BODY = {
@@ -85,6 +88,10 @@ def test_a_search_runs_as_a_job_and_serves_its_results_and_report(
 
     job = client.get(f"/v1/jobs/{search['id']}").json()
     assert job["kind"] == "search" and job["plan_url"] == location
+    with client.app.state.store.session() as session:  # its results in searches, under its job
+        stored = session.get(Search, search["id"])
+        assert stored.problem_hash == job["problem_hash"] and json.loads(stored.document) == served
+        assert session.scalar(select(func.count()).select_from(Plan).where(Plan.kind == "search")) == 0
     request = mlp_search(devices=4)
     candidate = search_candidates(request)[0]
     cached = client.post("/v1/plans", json=request.service_submission(candidate) | {"solver": BODY["solver"]})

@@ -15,6 +15,7 @@ from sqlalchemy import inspect, text
 
 from service.store import jobs as job_store
 from service.store import plans as plan_store
+from service.store import searches as search_store
 from service.store.migrate import alembic_config, is_at_head, upgrade_to_head
 from service.store.models import CANCELED, FAILED, QUEUED, RUNNING, SEARCH, SUCCEEDED
 from service.store.retention import DAY_S, apply_retention
@@ -163,6 +164,19 @@ def test_a_plan_is_read_only_by_its_readers(store: Store) -> None:
         assert plan_store.get_plan(session, key, "bob").document == '{"version": 1}'  # bob's job made it too
 
 
+def test_a_searchs_results_are_stored_once_under_its_job_and_not_among_plans(store: Store) -> None:
+    with store.session() as session:
+        job, _ = _create(session, "0e" * 32, kind=SEARCH)
+        assert search_store.save_results(session, job.id, job.problem_hash, {"candidates": [1]}, 2.0)
+        assert not search_store.save_results(session, job.id, job.problem_hash, {"candidates": [2]}, 2.0)
+    with store.session() as session:
+        assert search_store.get_results(session, job.id) == {"candidates": [1]}
+        assert search_store.get_results(session, "no-such-job") is None
+        row = session.execute(text("SELECT job_id, problem_hash FROM searches")).one()
+        assert tuple(row) == (job.id, "0e" * 32)
+        assert session.execute(text("SELECT count(*) FROM plans")).scalar() == 0
+
+
 def test_a_resubmission_joins_the_owners_live_job_and_no_one_elses(store: Store) -> None:
     key = "ef" * 32
     with store.session() as session:
@@ -275,10 +289,16 @@ def test_retention_deletes_old_finished_jobs_results_and_search_folders(store: S
             text("UPDATE plans SET created_at = :t WHERE hash = :h"),
             {"t": time.time() - 40 * DAY_S, "h": old_key},
         )
+        search_store.save_results(session, old_search.id, old_search.problem_hash, {"candidates": []}, 1.0)
+        session.execute(
+            text("UPDATE searches SET created_at = :t WHERE job_id = :id"),
+            {"t": time.time() - 40 * DAY_S, "id": old_search.id},
+        )
     (tmp_path / old_search.id).mkdir()
     (tmp_path / old_search.id / "results.json").write_text("{}")
     purged = apply_retention(store, days=30, search_dir=tmp_path)
     assert purged.jobs == 2 and purged.results == [old_key] and purged.search_folders == 1
+    assert purged.search_results == 1
     assert not (tmp_path / old_search.id).exists()
     with store.session() as session:
         assert (
@@ -290,6 +310,7 @@ def test_retention_deletes_old_finished_jobs_results_and_search_folders(store: S
             and plan_store.get_plan(session, new_key) is not None
         )
         assert not plan_store.may_read(session, old_key, "alice")
+        assert search_store.get_results(session, old_search.id) is None
 
 
 def test_the_migration_keeps_one_live_job_per_problem_of_an_old_database(database_url: str) -> None:
@@ -319,5 +340,59 @@ def test_the_migration_keeps_one_live_job_per_problem_of_an_old_database(databas
             assert plan_store.may_read(session, "ee" * 32, "anonymous")
         assert states == {"job-0": "queued", "job-1": "canceled", "job-2": "canceled", "job-3": "succeeded"}
         assert owners == {"anonymous"}
+    finally:
+        store.dispose()
+
+
+def test_the_migration_moves_an_old_databases_search_results_to_their_table(database_url: str) -> None:
+    import hashlib
+
+    command.upgrade(alembic_config(database_url), "0002")
+    store = Store(database_url)
+    old_key = hashlib.sha256(b"autoshard-search-results:job-s").hexdigest()  # where 0002 kept them
+    rows = {
+        "jobs": [("job-s", "search", "5e" * 32, "bob"), ("job-p", "plan", "9a" * 32, "bob")],
+        "plans": [(old_key, "search", '{"candidates": []}', "job-s"), ("9a" * 32, "plan", "{}", "job-p")],
+        "plan_readers": [(old_key, "bob"), ("9a" * 32, "bob")],
+    }
+    try:
+        with store.session() as session:
+            for job_id, kind, key, owner in rows["jobs"]:
+                session.execute(
+                    text(
+                        "INSERT INTO jobs (id, kind, state, problem_hash, request, time_limit_s, created_at, "
+                        "attempts, owner, candidates) "
+                        "VALUES (:id, :kind, 'succeeded', :hash, '{}', 5, 1000, 1, :owner, 1)"
+                    ),
+                    {"id": job_id, "kind": kind, "hash": key, "owner": owner},
+                )
+            for key, kind, document, job_id in rows["plans"]:
+                session.execute(
+                    text(
+                        "INSERT INTO plans (hash, kind, document, job_id, solve_seconds, created_at) "
+                        "VALUES (:h, :kind, :document, :job, 3, 1001)"
+                    ),
+                    {"h": key, "kind": kind, "document": document, "job": job_id},
+                )
+            for key, principal in rows["plan_readers"]:
+                session.execute(
+                    text("INSERT INTO plan_readers (hash, principal, created_at) VALUES (:h, :p, 1001)"),
+                    {"h": key, "p": principal},
+                )
+        upgrade_to_head(database_url)
+        with store.session() as session:
+            assert search_store.get_results(session, "job-s") == {"candidates": []}
+            moved = session.execute(
+                text("SELECT problem_hash, solve_seconds, created_at FROM searches")
+            ).all()
+            assert [tuple(row) for row in moved] == [("5e" * 32, 3.0, 1001.0)]
+            assert [row[0] for row in session.execute(text("SELECT hash FROM plans"))] == ["9a" * 32]
+            assert [row[0] for row in session.execute(text("SELECT hash FROM plan_readers"))] == ["9a" * 32]
+        command.downgrade(alembic_config(database_url), "0002")  # and back, as 0002 kept them
+        with store.session() as session:
+            kinds = dict(session.execute(text("SELECT hash, kind FROM plans")).all())
+            assert kinds == {old_key: "search", "9a" * 32: "plan"}
+            assert plan_store.may_read(session, old_key, "bob")
+        assert "searches" not in inspect(store.engine).get_table_names()
     finally:
         store.dispose()

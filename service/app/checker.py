@@ -20,10 +20,10 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from service.app.errors import too_busy
-from service.app.settings import Settings
 from service.intake import Intake, Limits, check, read_plan
-from service.planning import BadRequest
 from service.processes import PoolBusy, PoolFailed, ProcessPool, exit_with_server
+from service.settings import Settings
+from service.submissions import BadRequest
 
 log = logging.getLogger("autoshard.checker")
 WALL_TIMEOUT_FACTOR = 3.0
