@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import iopddl_winner
 from solver import iopddl
 from solver.errors import InfeasibleError
-from solver.solve import solve, warm_up_kernels
+from solver.solve import SolveOptions, solve, warm_up_kernels
 
 BUNDLED = Path(__file__).resolve().parent / "data" / "iopddl"
 DATA_VARIABLE = "AUTOSHARD_IOPDDL_DATA"
@@ -88,7 +88,7 @@ def run(path: Path, instance: str, backend: str, threads: int, time_scale: float
     problem = iopddl.load(path)
     started = time.perf_counter()
     try:
-        result = solve(problem, backend=backend, time_limit=limit * time_scale, threads=threads)
+        result = solve(problem, SolveOptions(backend=backend, time_limit=limit * time_scale, threads=threads))
     except InfeasibleError as error:
         return {"instance": instance, "backend": backend, "status": "infeasible", "message": str(error)}
     row = result.to_dict()

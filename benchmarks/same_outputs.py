@@ -84,13 +84,22 @@ def iopddl_costs(instances: list[str], time_limit: float, data: Path | None) -> 
     answers: dict[str, Any] = {name: {"error": "not found"} for name in missing}
     for name, path in found.items():
         started = time.perf_counter()
-        answer = solve(iopddl.load(path), time_limit=time_limit).to_dict()
+        answer = _solve_within(solve, iopddl.load(path), time_limit).to_dict()
         answers[name] = _without_measured({k: v for k, v in answer.items() if k != "first_solution_seconds"})
         print(
             f"{name}: {answer['status']} {answer['cost']} in {time.perf_counter() - started:.1f} s",
             file=sys.stderr,
         )
     return answers
+
+
+def _solve_within(solve: Any, problem: Any, time_limit: float) -> Any:
+    """``solve`` within ``time_limit``, whether it takes its options as an object (since issue 29) or not."""
+    try:
+        from solver.solve import SolveOptions
+    except ImportError:
+        return solve(problem, time_limit=time_limit)
+    return solve(problem, SolveOptions(time_limit=time_limit))
 
 
 def differences(before: Any, after: Any, path: str = "") -> list[str]:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from solver import iopddl
 from solver.problem import Problem
-from solver.solve import solve, warm_up_kernels
+from solver.solve import SolveOptions, solve, warm_up_kernels
 from strategies.plan.planner import PlanRequest, plan_model
 from tests.strategies.models.user_models.zoo import ARCHITECTURES
 
@@ -50,7 +50,7 @@ def half_memory_problem(model: str) -> Problem:
 
 def run(problem: Problem, time_limit: float, gap: float, threads: int) -> dict[str, Any]:
     started, cpu = time.perf_counter(), time.process_time()
-    result = solve(problem, time_limit=time_limit, threads=threads, relative_gap=gap)
+    result = solve(problem, SolveOptions(time_limit=time_limit, threads=threads, relative_gap=gap))
     row = result.to_dict()
     row.pop("solution")
     row.update(wall=time.perf_counter() - started, cpu=time.process_time() - cpu)

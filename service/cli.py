@@ -85,6 +85,7 @@ def solve(
     """
     from solver.errors import InfeasibleError, ProblemError
     from solver.iopddl import load
+    from solver.solve import SolveOptions
     from solver.solve import solve as run_solve
 
     if backend not in ("cbc", "highs", "cpsat", "heuristic", "auto"):
@@ -101,12 +102,14 @@ def solve(
     try:
         result = run_solve(
             parsed,
-            backend=backend,
-            time_limit=time_limit,
-            threads=threads,
+            SolveOptions(
+                backend=backend,
+                time_limit=time_limit,
+                threads=threads,
+                seed=seed,
+                use_reductions=not no_reductions,
+            ),
             progress=None if quiet else _print_progress,
-            seed=seed,
-            use_reductions=not no_reductions,
         )
     except InfeasibleError as error:
         document = {

@@ -329,7 +329,7 @@ def validate_solve(document: Any) -> Any:
 
 def run_solve_job(request: dict[str, Any], report: Report | None = None) -> dict[str, Any]:
     """Solve a bare IOPDDL problem: the result JSON of ``autoshard solve``."""
-    from solver.solve import solve
+    from solver.solve import SolveOptions, solve
 
     problem = validate_solve(request["problem"])
     options = request["options"]
@@ -340,10 +340,12 @@ def run_solve_job(request: dict[str, Any], report: Report | None = None) -> dict
 
     result = solve(
         problem,
-        backend=options["backend"],
-        time_limit=options["time_limit_s"],
-        relative_gap=options["gap"],
-        threads=1,
+        SolveOptions(
+            backend=options["backend"],
+            time_limit=options["time_limit_s"],
+            relative_gap=options["gap"],
+            threads=1,
+        ),
         progress=progress,
     )
     return result.to_dict()

@@ -28,18 +28,26 @@ ProgressCallback = Callable[[str, float, float, float], None]
 
 @dataclass(frozen=True, kw_only=True)
 class SolveOptions:
-    """What the caller of `solver.solve.solve` asked for (its arguments but the problem and the callback)."""
+    """How `solver.solve.solve` solves: its backend, its limits and what its caller needs of the answer."""
 
     backend: str = "auto"
-    """The backend asked for (``auto``: the path chooses; ``heuristic``: none)."""
+    """``cbc``, ``highs``, ``cpsat``, ``heuristic`` (no exact backend) or ``auto`` (the path chooses)."""
     time_limit: float = 60.0
+    """Seconds for the whole solve, reductions included."""
     threads: int = 2
     seed: int = 0
+    """The heuristic's random seed."""
     use_reductions: bool = True
+    """Apply the optimum-keeping reductions (`solver.reductions`) first."""
     heuristic_share: float | None = None
+    """The heuristic's share of the time before a backend's; None: by the problem's size
+    (`solver.path.heuristic_share`)."""
     relative_gap: float = 0.0
+    """Every stage may stop once its answer is proven within this share of the optimum."""
     cutoff: float | None = None
+    """Answers costing more are of no use to the caller: once a bound proves none costs less, stop."""
     explain_infeasible: bool = True
+    """Where no assignment fits, name the smallest reachable peak (its own program), not only a bound."""
 
 
 @dataclass

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from solver.errors import InfeasibleError
 from solver.problem import Problem
-from solver.solve import SolveResult, solve
+from solver.solve import SolveOptions, SolveResult, solve
 
 #: Probes (solves under a memory limit) at most.
 MAX_PROBES = 4
@@ -98,11 +98,13 @@ def with_headroom(
         try:
             probe = solve(
                 problem.replace(usage_limit=limit),
-                backend=backend,
-                time_limit=deadline - now,
-                threads=threads,
-                relative_gap=relative_gap,
-                cutoff=cap,
+                SolveOptions(
+                    backend=backend,
+                    time_limit=deadline - now,
+                    threads=threads,
+                    relative_gap=relative_gap,
+                    cutoff=cap,
+                ),
             )
         except InfeasibleError:
             probe = None

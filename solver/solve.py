@@ -111,42 +111,24 @@ class SolveResult:
 
 
 def solve(
-    problem: Problem,
-    backend: str = "auto",
-    time_limit: float = 60.0,
-    threads: int = 2,
-    progress: ProgressCallback | None = None,
-    seed: int = 0,
-    use_reductions: bool = True,
-    heuristic_share: float | None = None,
-    relative_gap: float = 0.0,
-    cutoff: float | None = None,
-    explain_infeasible: bool = True,
+    problem: Problem, options: SolveOptions | None = None, progress: ProgressCallback | None = None
 ) -> SolveResult:
-    """Best assignment found within `time_limit` seconds, with a proven bound.
+    """Best assignment found within ``options.time_limit`` seconds, with a proven bound (``options``: None,
+    the defaults of `SolveOptions`).
 
-    ``relative_gap``: an exact backend may stop once its answer is proven within this share of the optimum.
-    ``cutoff``: answers costing more are of no use to the caller (the headroom pass's cap): once the memory-
-    aware bound proves that none costs less, the solve stops with what it has (its bound above ``cutoff``).
+    ``options.relative_gap``: an exact backend may stop once its answer is proven within this share of the
+    optimum. ``options.cutoff``: answers costing more are of no use to the caller (the headroom pass's cap):
+    once the memory-aware bound proves that none costs less, the solve stops with what it has (its bound above
+    ``cutoff``).
 
     Raises `InfeasibleError` when no assignment fits the memory limit (naming the smallest reachable peak;
-    without ``explain_infeasible``, a limit below every node's smallest usage is refused with that bound
-    alone, not the smallest peak's own program: a caller that tries another problem next has no use for it)
-    or every strategy of some node is forbidden.
+    without ``options.explain_infeasible``, a limit below every node's smallest usage is refused with that
+    bound alone, not the smallest peak's own program: a caller that tries another problem next has no use for
+    it) or every strategy of some node is forbidden.
     """
-    if backend not in (*BACKEND_NAMES, "auto", "heuristic"):
-        raise ValueError(f"unknown backend {backend!r}; choose cbc, highs, cpsat, heuristic or auto")
-    options = SolveOptions(
-        backend=backend,
-        time_limit=time_limit,
-        threads=threads,
-        seed=seed,
-        use_reductions=use_reductions,
-        heuristic_share=heuristic_share,
-        relative_gap=relative_gap,
-        cutoff=cutoff,
-        explain_infeasible=explain_infeasible,
-    )
+    options = options or SolveOptions()
+    if options.backend not in (*BACKEND_NAMES, "auto", "heuristic"):
+        raise ValueError(f"unknown backend {options.backend!r}; choose cbc, highs, cpsat, heuristic or auto")
     run = _prepare(problem, options, progress)
     if phases.lagrangian_phase(run):
         return _finish(run)
@@ -302,4 +284,4 @@ def _json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-__all__ = ["FEASIBLE", "INFEASIBLE", "SolveResult", "solve"]
+__all__ = ["FEASIBLE", "INFEASIBLE", "SolveOptions", "SolveResult", "solve"]

@@ -122,7 +122,7 @@ def solve_baseline(
     """Pin the baseline's placements on ``built`` and solve the rest; never raises for infeasibility."""
     from solver.errors import InfeasibleError
     from solver.evaluate import usage_profile
-    from solver.solve import solve
+    from solver.solve import SolveOptions, solve
     from strategies.plan.plan_json import predict
 
     if name not in BASELINES:
@@ -133,7 +133,7 @@ def solve_baseline(
     problem = baseline_problem(name, built)
     message = "; ".join(notes)
     try:
-        result = solve(problem, backend=backend, time_limit=time_limit)
+        result = solve(problem, SolveOptions(backend=backend, time_limit=time_limit))
     except InfeasibleError as error:
         text = f"{message}; {error}" if message else str(error)
         return BaselineResult(name, "infeasible", None, None, False, text, pins=pins)

@@ -16,7 +16,7 @@ import torch
 from solver.errors import InfeasibleError
 from solver.headroom import with_headroom
 from solver.problem import Problem
-from solver.solve import SolveResult, solve
+from solver.solve import SolveOptions, SolveResult, solve
 from strategies.cost.mesh import Mesh, make_mesh
 from strategies.graph.passes import capture_for_planning
 from strategies.placement import parse_spec
@@ -281,12 +281,14 @@ def _solve_built(
     say(f"solving: {problem.summary()}")
     result = solve(
         problem,
-        backend=request.backend,
-        time_limit=time_limit,
-        threads=threads,
-        relative_gap=request.gap,
-        cutoff=None if request.cutoff_s is None else request.cutoff_s / COST_UNIT_S,
-        explain_infeasible=explain and request.exact_min_peak,
+        SolveOptions(
+            backend=request.backend,
+            time_limit=time_limit,
+            threads=threads,
+            relative_gap=request.gap,
+            cutoff=None if request.cutoff_s is None else request.cutoff_s / COST_UNIT_S,
+            explain_infeasible=explain and request.exact_min_peak,
+        ),
         progress=lambda p, t, cost, bound: say(f"  {p} {t:6.1f}s incumbent {cost:.6g} bound {bound:.6g}"),
     )
     return result, problem

@@ -147,7 +147,7 @@ def test_solve_in_lns_mode_searches_on_the_second_core_and_leaves_no_process(
 
     monkeypatch.setattr(policy, "FULL_PROGRAM_MAX_VARIABLES", -1)
     problem = large_problem(np.random.default_rng(4), nodes=800)
-    result = pipeline.solve(problem, backend="highs", time_limit=4, threads=2)
+    result = pipeline.solve(problem, pipeline.SolveOptions(backend="highs", time_limit=4, threads=2))
     assert result.backend == "highs (lns)"
     evaluation = evaluate(problem, result.solution)
     assert evaluation.feasible and evaluation.cost == pytest.approx(result.cost)

@@ -11,7 +11,7 @@ from solver import iopddl
 from solver.errors import InfeasibleError
 from solver.evaluate import evaluate
 from solver.problem import Problem
-from solver.solve import solve
+from solver.solve import SolveOptions, solve
 from tests.bundled_data import INSTANCE_G, VIT_HALF_MEMORY
 from tests.solver.random_problems import brute_force, large_problem, random_problem
 
@@ -24,9 +24,9 @@ def test_pipeline_matches_brute_force(backend: str) -> None:
         expected, _ = brute_force(problem)
         if expected is None:
             with pytest.raises(InfeasibleError):
-                solve(problem, backend=backend, time_limit=10, threads=1)
+                solve(problem, SolveOptions(backend=backend, time_limit=10, threads=1))
             continue
-        result = solve(problem, backend=backend, time_limit=10, threads=1)
+        result = solve(problem, SolveOptions(backend=backend, time_limit=10, threads=1))
         assert result.status == "optimal", (case, result)
         assert result.cost == expected, (case, result.cost, expected)
         assert result.bound == expected and result.gap == 0
@@ -43,7 +43,7 @@ def test_first_lp_begun_beside_the_heuristic_keeps_the_optimum() -> None:
         expected, _ = brute_force(problem)
         if expected is None:
             continue
-        result = solve(problem, backend="highs", time_limit=10, threads=2)
+        result = solve(problem, SolveOptions(backend="highs", time_limit=10, threads=2))
         assert result.status == "optimal" and result.cost == expected, (case, result.cost, expected)
         assert evaluate(problem, result.solution).feasible
         solved += 1
@@ -52,7 +52,7 @@ def test_first_lp_begun_beside_the_heuristic_keeps_the_optimum() -> None:
 
 def test_g_is_solved_to_proven_optimality() -> None:
     problem = iopddl.load(INSTANCE_G)
-    result = solve(problem, backend="highs", time_limit=120, threads=2)
+    result = solve(problem, SolveOptions(backend="highs", time_limit=120, threads=2))
     assert result.status == "optimal", {k: v for k, v in result.to_dict().items() if k != "solution"}
     assert result.cost == 217_039
     assert result.bound == 217_039
@@ -64,7 +64,7 @@ def test_a_memory_tight_transformer_plan_is_proven_within_the_gap_long_before_th
     branch-and-bound and the search around the peak took 3-48 s of the 60 s limit and left a 1.3-5% gap;
     the master LP's memory prices (column generation) prove 1% in about a second."""
     problem = iopddl.load(VIT_HALF_MEMORY)
-    result = solve(problem, time_limit=60.0, threads=2, relative_gap=0.01)
+    result = solve(problem, SolveOptions(time_limit=60.0, threads=2, relative_gap=0.01))
     assert result.gap is not None and result.gap <= 0.01, (result.cost, result.bound)
     assert result.backend == "lagrangian"  # certified before the heuristic, the whole program or the search
     assert "heuristic" not in result.timings and "peak_lns" not in result.timings
@@ -77,7 +77,7 @@ def test_a_tight_plan_whose_gap_the_lp_cannot_prove_ends_with_column_generation(
     it): once column generation has converged, the solve returns its answer and bound, proven as close as
     they are, rather than search to the limit."""
     problem = iopddl.load(VIT_HALF_MEMORY)
-    result = solve(problem, time_limit=60.0, threads=2, relative_gap=0.001)
+    result = solve(problem, SolveOptions(time_limit=60.0, threads=2, relative_gap=0.001))
     assert result.backend == "lagrangian" and result.status == "feasible"
     assert result.gap is not None and 0.001 < result.gap <= 0.01
     assert result.seconds < 30.0
@@ -94,13 +94,13 @@ def test_memory_infeasibility_names_the_smallest_peak() -> None:
         usage_limit=9,
     )
     with pytest.raises(InfeasibleError) as error:
-        solve(problem, backend="highs", time_limit=5)
+        solve(problem, SolveOptions(backend="highs", time_limit=5))
     assert error.value.min_peak == 10
     assert "smallest peak any assignment can reach is 10" in str(error.value)
     # a caller that tries another problem next (the planner's `auto` recomputation) skips the peak's own
     # program: the bound of each node's smallest usage is said instead (405B on 16,384 GPUs: 23 s saved)
     with pytest.raises(InfeasibleError) as quick:
-        solve(problem, backend="highs", time_limit=5, explain_infeasible=False)
+        solve(problem, SolveOptions(backend="highs", time_limit=5, explain_infeasible=False))
     assert quick.value.min_peak == 10 and not quick.value.min_peak_exact
     assert "smallest peak any assignment can reach is at least 10" in str(quick.value)
 
@@ -108,14 +108,14 @@ def test_memory_infeasibility_names_the_smallest_peak() -> None:
 def test_forbidden_everywhere_is_infeasible_with_a_clear_message() -> None:
     problem = Problem.from_lists(costs=[[1, 2], [1, 2]], edges=[[0, 1]], edge_costs=[[[math.inf] * 2] * 2])
     with pytest.raises(InfeasibleError, match="forbidden"):
-        solve(problem, backend="highs", time_limit=5)
+        solve(problem, SolveOptions(backend="highs", time_limit=5))
 
 
 def test_time_limit_still_returns_the_best_feasible_solution() -> None:
     """A random problem of 5,000 nodes with a binding memory limit, which no backend proves within the limit:
     stopped by its time limit, the pipeline still answers with a feasible assignment and a valid bound."""
     problem = large_problem(np.random.default_rng(5))
-    result = solve(problem, backend="auto", time_limit=8, threads=2)
+    result = solve(problem, SolveOptions(backend="auto", time_limit=8, threads=2))
     assert result.solution is not None
     assert result.status in ("feasible", "optimal")
     evaluation = evaluate(problem, result.solution)
@@ -135,11 +135,13 @@ def test_a_cutoff_below_every_answer_stops_once_the_bound_proves_it() -> None:
         expected, _ = brute_force(problem)
         if expected is None or problem.num_edges == 0:
             continue
-        result = solve(problem, time_limit=10, threads=1, relative_gap=0.01, cutoff=expected - 1)
+        result = solve(
+            problem, SolveOptions(time_limit=10, threads=1, relative_gap=0.01, cutoff=expected - 1)
+        )
         assert result.bound <= expected, (case, result.bound, expected)
         if result.bound > expected - 1 and "lagrangian" in result.timings:
             assert "heuristic" not in result.timings and "bound" not in result.timings, case
             stopped += 1
-        above = solve(problem, time_limit=10, threads=1, relative_gap=0.01, cutoff=expected + 1)
+        above = solve(problem, SolveOptions(time_limit=10, threads=1, relative_gap=0.01, cutoff=expected + 1))
         assert above.cost == expected, (case, above.cost, expected)
     assert stopped >= 10

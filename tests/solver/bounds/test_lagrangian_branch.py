@@ -12,7 +12,7 @@ from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import compact
 from solver.evaluate import evaluate
 from solver.problem import Problem
-from solver.solve import solve
+from solver.solve import SolveOptions, solve
 from tests.solver.random_problems import brute_force, random_problem
 
 
@@ -135,7 +135,7 @@ def test_solve_closes_memory_limited_problems_through_the_search() -> None:
     problem = _knapsack_chain(weights, costs, limit=16)
     problem = problem.replace(edge_costs=np.concatenate([np.ones((3, 3)) - np.eye(3)] * 2).ravel())
     optimum, _ = brute_force(problem)
-    result = solve(problem, backend="highs", time_limit=20.0, relative_gap=0.01)
+    result = solve(problem, SolveOptions(backend="highs", time_limit=20.0, relative_gap=0.01))
     assert result.backend == "lagrangian"
     assert "lagrangian" in result.timings and "heuristic" not in result.timings
     assert result.cost <= optimum * 1.01

@@ -59,7 +59,7 @@ def test_solve_falls_back_to_lns_when_the_program_is_too_large(monkeypatch: pyte
     for _ in range(10):
         problem = random_problem(rng, nodes=(4, 7), with_limit=False, forbidden_rate=0.0)
         expected, _ = brute_force(problem)
-        result = pipeline.solve(problem, backend="highs", time_limit=2, threads=1)
+        result = pipeline.solve(problem, pipeline.SolveOptions(backend="highs", time_limit=2, threads=1))
         assert result.backend == "highs (lns)"
         assert result.variables == 0
         assert evaluate(problem, result.solution).feasible

@@ -16,7 +16,7 @@ from solver.evaluate import evaluate
 from solver.heuristics.state import flatten, min_usage_assignment
 from solver.large.peak import peak_lns
 from solver.large.priced import promising_strategies, search_restricted
-from solver.solve import solve
+from solver.solve import SolveOptions, solve
 from tests.solver.random_problems import brute_force, tight_problem
 
 
@@ -86,7 +86,7 @@ def test_solve_on_tight_problems_finds_the_optimum_and_reports_only_feasible_inc
         def record(_phase: str, _s: float, cost: float, _bound: float, seen: list[float] = seen) -> None:
             seen.append(cost)
 
-        result = solve(problem, backend="highs", time_limit=3, threads=1, progress=record)
+        result = solve(problem, SolveOptions(backend="highs", time_limit=3, threads=1), progress=record)
         assert result.cost == expected
         assert result.bound <= expected
         # the memory-free optimum breaks the limit: no progress line may show an incumbent below the optimum
@@ -125,7 +125,7 @@ def test_solve_searches_the_promising_strategies_first_when_the_whole_program_is
     for _ in range(3):
         problem = tight_problem(rng)
         expected, _ = brute_force(problem)
-        result = pipeline.solve(problem, backend="highs", time_limit=3, threads=1)
+        result = pipeline.solve(problem, pipeline.SolveOptions(backend="highs", time_limit=3, threads=1))
         phase = "priced_program" if whole else "priced_lns"
         assert phase in result.timings and "peak_lns" in result.timings
         assert result.variables == 0  # the whole program never ran
@@ -145,7 +145,7 @@ def test_solve_too_large_for_the_whole_program_prices_memory_then_solves_the_pro
     for _ in range(3):
         problem = tight_problem(rng)
         expected, _ = brute_force(problem)
-        result = pipeline.solve(problem, backend="highs", time_limit=3, threads=1)
+        result = pipeline.solve(problem, pipeline.SolveOptions(backend="highs", time_limit=3, threads=1))
         assert result.backend == "highs (lns)"
         assert "priced_bound" in result.timings and "priced_program" in result.timings
         assert result.cost == expected

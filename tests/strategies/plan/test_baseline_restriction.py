@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solver.solve import solve
+from solver.solve import SolveOptions, solve
 from strategies.plan.baselines import restrict_to_baseline
 from strategies.plan.planner import PlanRequest, plan_model
 
@@ -32,7 +32,7 @@ def test_only_placements_that_differ_on_the_chosen_axes_are_forbidden(outcome) -
 def test_the_restricted_optimum_keeps_the_baseline_on_those_axes(outcome) -> None:
     built = outcome.built
     problem = restrict_to_baseline("megatron", built, ["w1.weight"], axes=[1])
-    result = solve(problem, backend="auto", time_limit=60)
+    result = solve(problem, SolveOptions(backend="auto", time_limit=60))
     assert result.status == "optimal"
     assert result.cost >= outcome.result.cost * (1 - 1e-9)
     index = built.parameter_nodes["w1.weight"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from solver.solve import solve
+from solver.solve import SolveOptions, solve
 from strategies.cost.comm import redistribute_steps
 from strategies.cost.mesh import make_mesh
 from strategies.placement import R, spec_text
@@ -118,7 +118,9 @@ def test_megatron_moves_activations_never_its_weights():
         return [m for m in runs.moves if built.roles()[m.edge] == PARAMETER]
 
     pinned = built.problem.replace(pins={**built.problem.pins, **baseline_pins("megatron", built)})
-    assert parameter_moves(solve(pinned, time_limit=TIME_LIMIT).solution)  # the weights gathered
+    assert parameter_moves(
+        solve(pinned, SolveOptions(time_limit=TIME_LIMIT)).solution
+    )  # the weights gathered
     megatron = solve_baseline("megatron", built, TIME_LIMIT)
     assert megatron.feasible and megatron.status == "optimal"
     assert parameter_moves(megatron.solution) == []

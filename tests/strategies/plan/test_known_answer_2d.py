@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from solver.solve import solve
+from solver.solve import SolveOptions, solve
 from strategies.placement import P, spec_text
 from strategies.plan.baselines import restrict_to_baseline
 from strategies.plan.planner import PlanRequest, plan_model
@@ -114,6 +114,6 @@ def test_megatron_on_tp_is_proven_optimal(outcome) -> None:
     objective is a proven lower bound for every plan, so Megatron on tp is optimal."""
     names = [name for name in outcome.plan["parameters"] if name.startswith("layers.") and "norm" not in name]
     problem = restrict_to_baseline("megatron", outcome.built, names, axes=[TP])
-    result = solve(problem, backend="auto", time_limit=TIME_LIMIT)
+    result = solve(problem, SolveOptions(backend="auto", time_limit=TIME_LIMIT))
     assert result.status == "optimal"
     assert result.cost * COST_UNIT_S == pytest.approx(outcome.plan["solver"]["objective"], rel=1e-9)

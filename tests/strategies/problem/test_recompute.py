@@ -17,7 +17,7 @@ import torch
 from torch import fx
 
 from solver.errors import InfeasibleError
-from solver.solve import solve
+from solver.solve import SolveOptions, solve
 from strategies.cost.mesh import make_mesh
 from strategies.graph.passes import capture_for_planning
 from strategies.problem.builder import BuiltProblem, ProblemOptions, build_problem
@@ -108,20 +108,20 @@ def test_full_recomputation_keeps_the_layer_input_and_little_else(graphs) -> Non
 def test_auto_without_a_limit_recomputes_nothing_that_costs(graphs) -> None:
     graph = graphs[2]
     none, auto = _build(graph, "none"), _build(graph, "auto")
-    fastest_none = solve(none.problem, time_limit=20, relative_gap=0)
-    fastest_auto = solve(auto.problem, time_limit=20, relative_gap=0)
+    fastest_none = solve(none.problem, SolveOptions(time_limit=20, relative_gap=0))
+    fastest_auto = solve(auto.problem, SolveOptions(time_limit=20, relative_gap=0))
     assert fastest_auto.cost == pytest.approx(fastest_none.cost, rel=1e-6)
 
 
 def test_auto_under_a_limit_only_recomputation_meets_recomputes_and_fits(graphs) -> None:
     graph = graphs[2]  # on one device: no placement frees memory, only recomputation does
     none = _build(graph, "none")
-    peak = solve(none.problem, time_limit=20, relative_gap=0).peak_usage
+    peak = solve(none.problem, SolveOptions(time_limit=20, relative_gap=0)).peak_usage
     limit = int(0.8 * peak)
     with pytest.raises(InfeasibleError):
-        solve(none.problem.replace(usage_limit=limit), time_limit=20, relative_gap=0.01)
+        solve(none.problem.replace(usage_limit=limit), SolveOptions(time_limit=20, relative_gap=0.01))
     auto = _build(graph, "auto", memory_limit=limit)
-    result = solve(auto.problem, time_limit=20, relative_gap=0.01)
+    result = solve(auto.problem, SolveOptions(time_limit=20, relative_gap=0.01))
     assert result.solution is not None and result.peak_usage <= limit
     chosen = np.asarray(result.solution)
     assert any(node.recomputed(int(chosen[i])) for i, node in enumerate(auto.nodes))
