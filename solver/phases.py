@@ -23,9 +23,10 @@ from solver.bounds.memory_priced import memory_dual_bound
 from solver.context import SolveContext, Stagnation
 from solver.heuristics.anytime import warm_up
 from solver.heuristics.portfolio import background_search, portfolio_solve
-from solver.large.generated import generate_and_solve
+from solver.large.generated import GenerationGoal, generate_and_solve
 from solver.large.lns import lns_improve
 from solver.large.pruned import Pruned, pruned_solve, solve_over
+from solver.large.regions import RegionSearch
 from solver.parallel import can_fork
 from solver.path import Mode, heuristic_share, program_shape, program_size
 from solver.priced_phases import peak_search, priced_phase
@@ -116,20 +117,16 @@ def lagrangian_search(run: SolveContext, deadline: float) -> tuple[BranchResult 
         return searched, False
     tight = search.memory_price_share >= policy.TIGHT_PRICE_SHARE
     if generation and (tight or not searched.within(relative_gap)):
-        generated = generate_and_solve(
-            core,
-            search,
-            keep,
-            searched.assignment,
-            searched.bound,
-            relative_gap,
-            phase + (policy.TIGHT_GENERATION_SHARE if tight else policy.RESTRICTED_SHARE) * left,
-            threads,
-            policy.RESTRICTED_GAP_SHARE * relative_gap,
-            not tight,
-            run.options.seed,
-            run.budget.started,
+        goal = GenerationGoal(
+            deadline=phase + (policy.TIGHT_GENERATION_SHARE if tight else policy.RESTRICTED_SHARE) * left,
+            relative_gap=relative_gap,
+            threads=threads,
+            polish_gap=policy.RESTRICTED_GAP_SHARE * relative_gap,
+            polish=not tight,
+            seed=run.options.seed,
+            started=run.budget.started,
         )
+        generated = generate_and_solve(core, search, keep, searched.assignment, searched.bound, goal)
         timings["restricted"] = time.perf_counter() - phase
         log.info(
             "column generation: %d rounds (%s), %d strategies, bound %.8g, best %.8g",
@@ -280,15 +277,13 @@ def lns_phase(run: SolveContext) -> None:
     best = core.cost(run.incumbent)
     if best - run.known_bound > run.options.relative_gap * abs(best):
         phase = time.perf_counter()
-        improved, _stats = lns_improve(
-            core,
-            run.incumbent,
-            deadline=budget.work_deadline,
+        search = RegionSearch(
             backend=path.backend,
             seed=run.options.seed,
             on_incumbent=run.report(f"{path.backend}-lns"),
             outside=lambda: read_background(run),
         )
+        improved, _stats = lns_improve(core, run.incumbent, budget.work_deadline, search)
         timings["lns"] = time.perf_counter() - phase
         run.candidates.append(improved)
 

@@ -20,9 +20,10 @@ from solver.bounds.memory_priced import PricedAscent, memory_priced_ascent
 from solver.compact import CompactProblem
 from solver.context import SolveContext
 from solver.ilp import binding_memory_times, build_program
-from solver.large.peak import peak_lns
+from solver.large.peak import PeakSettings, peak_lns
 from solver.large.priced import promising_strategies, search_restricted
 from solver.large.pruned import restrict, solve_over
+from solver.large.regions import RegionSearch
 from solver.path import program_size
 from solver.whole import RestrictedSolver
 
@@ -72,15 +73,8 @@ def priced_phase(run: SolveContext, threads: int, only_whole: bool) -> tuple[flo
     now = time.perf_counter()
     until = now + policy.PRICED_SHARE * (run.budget.bound_deadline - now)
     if program_size(restrict(core, keep)) > policy.PRICED_WHOLE_MAX_COLUMNS:
-        answer = search_restricted(
-            core,
-            keep,
-            start,
-            until,
-            backend,
-            run.options.seed,
-            on_incumbent=run.report(f"{backend}-priced-lns"),
-        )
+        search = RegionSearch(backend, run.options.seed, on_incumbent=run.report(f"{backend}-priced-lns"))
+        answer = search_restricted(core, keep, start, until, search)
         run.timings["priced_lns"] = time.perf_counter() - phase
         return ascent.bound, [incumbent, answer]
 
@@ -137,16 +131,9 @@ def peak_search(run: SolveContext, incumbent: np.ndarray, deadline: float) -> np
     """`solver.large.peak.peak_lns` from ``incumbent`` until ``deadline`` or until its answer is proven within
     the gap asked for of the context's known bound, its incumbents reported."""
     backend = run.path.backend
-    improved, stats = peak_lns(
-        run.core,
-        incumbent,
-        deadline=deadline,
-        backend=backend,
-        seed=run.options.seed,
-        on_incumbent=run.report(f"{backend}-peak-lns"),
-        bound=run.known_bound,
-        relative_gap=run.options.relative_gap,
-    )
+    search = RegionSearch(backend, run.options.seed, on_incumbent=run.report(f"{backend}-peak-lns"))
+    settings = PeakSettings(bound=run.known_bound, relative_gap=run.options.relative_gap)
+    improved, stats = peak_lns(run.core, incumbent, deadline, search, settings)
     log.info(
         "peak lns: %d regions, %d improved (%d at the peak), %d columns a region at the end",
         stats.regions,

@@ -50,8 +50,9 @@ from solver.backends.highs_relaxation import INTEGRAL_TOLERANCE, LinearSolution,
 from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import CompactProblem
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over, memory_unit
-from solver.large.peak import peak_lns
+from solver.large.peak import PeakSettings, peak_lns
 from solver.large.pruned import from_restricted, restrict, to_restricted
+from solver.large.regions import RegionSearch
 
 log = logging.getLogger(__name__)
 
@@ -92,24 +93,37 @@ class Generated:
     converged: bool
 
 
+@dataclass(frozen=True)
+class GenerationGoal:
+    """Until when, and how close to the bound, `generate_and_solve` works."""
+
+    deadline: float
+    """A `time.perf_counter()` value."""
+    relative_gap: float = 0.0
+    """Stop once the best answer is proven this close to the best bound."""
+    threads: int = 1
+    polish_gap: float = 0.0
+    """With ``polish``: the first MIP's gap (a better answer than the whole gap asks for)."""
+    polish: bool = False
+    seed: int = 0
+    """The search around the peak's."""
+    started: float | None = None
+    """When the solve began, for `PEAK_TIME_SHARE`; None: the search around the peak runs to the deadline."""
+
+
 def generate_and_solve(
     problem: CompactProblem,
     search: LagrangianBranch,
     keep: list[np.ndarray],
     incumbent: np.ndarray | None,
     known_bound: float,
-    relative_gap: float,
-    deadline: float,
-    threads: int,
-    polish_gap: float = 0.0,
-    polish: bool = False,
-    seed: int = 0,
-    started: float | None = None,
+    goal: GenerationGoal,
 ) -> Generated:
     """Steps 1-3 of the module docstring on ``problem`` from the strategies ``keep`` (per node, sorted; they
     hold the ``incumbent``'s), with ``search`` (whose root has run) pricing, until the best answer is proven
-    within ``relative_gap`` of the best bound, the search around the peak has stalled, or ``deadline`` (a
-    `time.perf_counter()` value; ``started``: when the solve began, for `PEAK_TIME_SHARE`)."""
+    within ``goal.relative_gap`` of the best bound (``known_bound`` at first), the search around the peak has
+    stalled, or ``goal.deadline``."""
+    deadline, relative_gap, threads, polish = goal.deadline, goal.relative_gap, goal.threads, goal.polish
     best = _Best(problem, incumbent)
     bound = known_bound
     rounds = 0
@@ -171,7 +185,7 @@ def generate_and_solve(
         neighbourhoods = [support, *([] if same else [widened])]
     for index, neighbourhood in enumerate(neighbourhoods):
         now = time.perf_counter()
-        gap = polish_gap if polish and index == 0 else relative_gap
+        gap = goal.polish_gap if polish and index == 0 else relative_gap
         if best.within(bound, gap) or now >= deadline - 0.1:
             return result()
         until = now + (deadline - now) / (len(neighbourhoods) + 1 - index)
@@ -182,11 +196,10 @@ def generate_and_solve(
         last = index == len(neighbourhoods) - 1 or gap != relative_gap
         inner = _solve_restricted(
             restrict(restricted, neighbourhood),
-            until,
-            threads,
             to_restricted(neighbourhood, to_restricted(keep, best.assignment)),
+            until,
+            goal,
             target,
-            polish_gap,
             math.inf if last else target,
         )
         if inner is not None:
@@ -194,16 +207,10 @@ def generate_and_solve(
         log.debug("MIP over %d strategies: best %.8g", sum(len(n) for n in neighbourhood), best.cost)
     if best.assignment is not None and not best.within(bound, relative_gap):
         now = time.perf_counter()
+        started = goal.started
         until = deadline if started is None else min(deadline, now + PEAK_TIME_SHARE * (now - started))
-        answer, stats = peak_lns(
-            problem,
-            best.assignment,
-            until,
-            seed=seed,
-            bound=bound,
-            relative_gap=relative_gap,
-            patience=PEAK_PATIENCE,
-        )
+        settings = PeakSettings(bound=bound, relative_gap=relative_gap, patience=PEAK_PATIENCE)
+        answer, stats = peak_lns(problem, best.assignment, until, RegionSearch(seed=goal.seed), settings)
         best.offer(answer)
         log.debug("search around the peak: %d regions, best %.8g", stats.regions, best.cost)
     return result()
@@ -272,20 +279,21 @@ def _support(program: IntegerProgram, values: np.ndarray, start: np.ndarray | No
 
 def _solve_restricted(
     restricted: CompactProblem,
-    deadline: float,
-    threads: int,
     start: np.ndarray | None,
+    deadline: float,
+    goal: GenerationGoal,
     target: float,
-    relative_gap: float,
     give_up: float = math.inf,
 ) -> np.ndarray | None:
-    """HiGHS's MIP on ``restricted`` with every binding memory row (`SUPPORT_CUT_POOL`), until ``deadline``,
-    an answer that costs at most ``target``, one within ``relative_gap`` of its own bound, or its own bound
-    above ``give_up``; its answer (``restricted``'s indices) or None."""
+    """HiGHS's MIP on ``restricted`` with every binding memory row (`SUPPORT_CUT_POOL`) on ``goal.threads``,
+    until ``deadline``, an answer that costs at most ``target``, one within ``goal.polish_gap`` of its own
+    bound, or its own bound above ``give_up``; its answer (``restricted``'s indices) or None."""
     program = build_program(restricted, memory_times=binding_memory_times(restricted))
     seconds = max(0.05, deadline - time.perf_counter())
-    result = solve_mip(program, seconds, threads, start, target, relative_gap, SUPPORT_CUT_POOL, give_up)
+    result = solve_mip(
+        program, seconds, goal.threads, start, target, goal.polish_gap, SUPPORT_CUT_POOL, give_up
+    )
     return result.assignment
 
 
-__all__ = ["Generated", "generate_and_solve"]
+__all__ = ["Generated", "GenerationGoal", "generate_and_solve"]

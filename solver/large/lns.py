@@ -17,7 +17,7 @@ import numpy as np
 from solver.backends.base import OPTIMAL, BackendResult
 from solver.compact import CompactProblem
 from solver.ilp import IntegerProgram, build_program
-from solver.large.regions import OnIncumbent, Outside, RegionPicker, search_regions
+from solver.large.regions import RegionPicker, RegionSearch, search_regions
 
 #: Free super nodes per region, and the backend's time per region.
 REGION_NODES = 400
@@ -37,18 +37,14 @@ def lns_improve(
     problem: CompactProblem,
     incumbent: np.ndarray,
     deadline: float,
-    backend: str = "highs",
-    seed: int = 0,
+    search: RegionSearch | None = None,
     region_nodes: int = REGION_NODES,
-    on_incumbent: OnIncumbent | None = None,
-    outside: Outside | None = None,
 ) -> tuple[np.ndarray, LnsStats]:
-    """Improve `incumbent` region by region until `deadline` (a `time.perf_counter()` value).
-
-    ``outside`` (asked before each region): an answer found elsewhere meanwhile (a search on another core),
-    taken when it is cheaper and fits."""
-    picker = _GraphRegions(problem, np.random.default_rng(seed), region_nodes)
-    searched = search_regions(picker, incumbent, deadline, backend, on_incumbent, outside)
+    """Improve `incumbent` region by region until `deadline` (a `time.perf_counter()` value), each region
+    ``region_nodes`` free super nodes, as ``search`` says (None: `RegionSearch`'s defaults)."""
+    search = search or RegionSearch()
+    picker = _GraphRegions(problem, np.random.default_rng(search.seed), region_nodes)
+    searched = search_regions(picker, incumbent, deadline, search)
     return searched.assignment, LnsStats(searched.regions, searched.improved, searched.cost)
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from solver.backends.base import OPTIMAL, BackendResult
 from solver.compact import CompactProblem
 from solver.ilp import IntegerProgram, binding_memory_times, build_program
-from solver.large.regions import OnIncumbent, RegionPicker, search_regions
+from solver.large.regions import RegionPicker, RegionSearch, search_regions
 
 #: Columns of a region's program at first, and the range the adaptation keeps it in.
 REGION_COLUMNS = 20_000
@@ -59,56 +59,53 @@ class PeakStats:
     cost: float
 
 
+@dataclass(frozen=True)
+class PeakSettings:
+    """How the search around the peak sizes its regions, and when it ends before its deadline: once its cost
+    is proven within ``relative_gap`` of ``bound`` (a lower bound of the whole program), or after
+    ``patience`` regions in a row that improved nothing."""
+
+    region_columns: int = REGION_COLUMNS
+    """The first regions' column budget (it adapts)."""
+    max_columns: int = MAX_COLUMNS
+    """The most it grows to."""
+    bound: float = -math.inf
+    relative_gap: float = 0.0
+    patience: int | None = None
+
+
 def peak_lns(
     problem: CompactProblem,
     incumbent: np.ndarray,
     deadline: float,
-    backend: str = "highs",
-    seed: int = 0,
-    region_columns: int = REGION_COLUMNS,
-    on_incumbent: OnIncumbent | None = None,
-    max_columns: int = MAX_COLUMNS,
-    bound: float = -math.inf,
-    relative_gap: float = 0.0,
-    patience: int | None = None,
+    search: RegionSearch | None = None,
+    settings: PeakSettings | None = None,
 ) -> tuple[np.ndarray, PeakStats]:
     """Improve ``incumbent`` (feasible) region by region until ``deadline``, a `time.perf_counter()` value,
-    until its cost is proven within ``relative_gap`` of ``bound`` (a lower bound of the whole program), or,
-    with a ``patience``, after that many regions in a row that improved nothing."""
-    rng = np.random.default_rng(seed)
-    until = _Until(bound, relative_gap, patience)
-    picker = _PeakRegions(_Layout(problem), rng, float(region_columns), max_columns, until)
-    searched = search_regions(picker, incumbent, deadline, backend, on_incumbent)
+    or until ``settings`` say it ends, as ``search`` says (None: the defaults of `RegionSearch` and
+    `PeakSettings`)."""
+    search, settings = search or RegionSearch(), settings or PeakSettings()
+    rng = np.random.default_rng(search.seed)
+    picker = _PeakRegions(_Layout(problem), rng, float(settings.region_columns), settings)
+    searched = search_regions(picker, incumbent, deadline, search)
     stats = PeakStats(
         searched.regions, searched.improved, picker.peak_improved, int(picker.budget), searched.cost
     )
     return searched.assignment, stats
 
 
-@dataclass(frozen=True)
-class _Until:
-    """When the search around the peak ends before its deadline: once its cost is proven within
-    ``relative_gap`` of ``bound``, or after ``patience`` regions in a row that improved nothing."""
-
-    bound: float
-    relative_gap: float
-    patience: int | None
-
-
 class _PeakRegions(RegionPicker):
     """Regions seeded at a memory row of least slack (`PEAK_SHARE` of them) or at a random free node, grown
-    to a column ``budget`` that adapts (`GROW`, `SHRINK`), until the search has reached ``until``."""
+    to a column ``budget`` that adapts (`GROW`, `SHRINK`), until ``until`` says it ends."""
 
     reserve, margin = 0.1, 0.25
 
-    def __init__(
-        self, layout: _Layout, rng: np.random.Generator, budget: float, max_columns: int, until: _Until
-    ) -> None:
+    def __init__(self, layout: _Layout, rng: np.random.Generator, budget: float, until: PeakSettings) -> None:
         self.problem = layout.problem
         self.layout = layout
         self.rng = rng
         self.budget = budget
-        self.max_columns = max_columns
+        self.max_columns = until.max_columns
         self.seconds = REGION_SECONDS
         self.at_peak = False  # whether the last region was seeded at a memory row
         self.until = until

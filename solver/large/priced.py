@@ -19,7 +19,7 @@ Measured on V (60 s limit, 2 cores; the heuristic's 3.1M first): with the cuttin
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import CompactProblem
 from solver.large.peak import peak_lns
 from solver.large.pruned import from_restricted, restrict, to_restricted
+from solver.large.regions import RegionSearch
 
 
 def promising_strategies(
@@ -58,12 +59,12 @@ def search_restricted(
     keep: list[np.ndarray],
     start: np.ndarray,
     deadline: float,
-    backend: str = "highs",
-    seed: int = 0,
-    on_incumbent: Callable[[float, np.ndarray], None] | None = None,
+    search: RegionSearch,
 ) -> np.ndarray:
     """`peak_lns` on ``problem`` restricted to ``keep`` (which holds ``start``'s strategies) until
-    ``deadline``; its answer in ``problem``'s strategy indices (never worse than ``start``)."""
+    ``deadline``, as ``search`` says (its incumbents told in ``problem``'s strategy indices); its answer in
+    ``problem``'s strategy indices (never worse than ``start``)."""
+    on_incumbent = search.on_incumbent
     restricted = restrict(problem, keep)
     local = to_restricted(keep, start)
     assert local is not None, "keep holds the start's strategies"
@@ -72,7 +73,7 @@ def search_restricted(
         if on_incumbent is not None:
             on_incumbent(cost, from_restricted(keep, answer))
 
-    answer, _stats = peak_lns(restricted, local, deadline, backend, seed, on_incumbent=report)
+    answer, _stats = peak_lns(restricted, local, deadline, dataclasses.replace(search, on_incumbent=report))
     return from_restricted(keep, answer)
 
 

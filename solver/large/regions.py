@@ -73,17 +73,26 @@ class Searched:
     improved: int
 
 
+@dataclass(frozen=True)
+class RegionSearch:
+    """How a region search runs besides its problem, start and deadline."""
+
+    backend: str = "highs"
+    """The exact backend that solves each region's program."""
+    seed: int = 0
+    """The pickers' random seed."""
+    on_incumbent: OnIncumbent | None = None
+    """Told each answer the search takes."""
+    outside: Outside | None = None
+    """Asked before each region for an answer found elsewhere (`take_offered`)."""
+
+
 def search_regions(
-    picker: RegionPicker,
-    incumbent: np.ndarray,
-    deadline: float,
-    backend: str,
-    on_incumbent: OnIncumbent | None = None,
-    outside: Outside | None = None,
+    picker: RegionPicker, incumbent: np.ndarray, deadline: float, search: RegionSearch
 ) -> Searched:
     """Improve `incumbent` of the picker's problem region by region, regions from ``picker``, until
-    `deadline` (a `time.perf_counter()` value) or the picker stops. ``on_incumbent`` is told each answer
-    taken; ``outside`` is asked before each region for an answer found elsewhere (`take_offered`)."""
+    `deadline` (a `time.perf_counter()` value) or the picker stops, as ``search`` says."""
+    backend, on_incumbent, outside = search.backend, search.on_incumbent, search.outside
     problem = picker.problem
     solver = get_backend(backend)
     current = np.asarray(incumbent, dtype=np.int64).copy()

@@ -16,7 +16,7 @@ from solver.bounds.lagrangian_branch import LagrangianBranch
 from solver.compact import compact
 from solver.evaluate import evaluate
 from solver.ilp import binding_memory_times, build_program
-from solver.large.generated import generate_and_solve
+from solver.large.generated import GenerationGoal, generate_and_solve
 from solver.problem import Problem
 from tests.solver.random_problems import brute_force, random_problem
 
@@ -58,9 +58,8 @@ def test_the_master_lp_prices_bound_the_whole_problem_at_the_lp_value() -> None:
         search = LagrangianBranch(core)
         search.run(0.0, time.perf_counter() + 10.0, max_subproblems=1)
         everything = [np.arange(len(c), dtype=np.int64) for c in core.costs]
-        result = generate_and_solve(
-            core, search, everything, None, -math.inf, 0.0, time.perf_counter() + 10.0, threads=1
-        )
+        goal = GenerationGoal(deadline=time.perf_counter() + 10.0)
+        result = generate_and_solve(core, search, everything, None, -math.inf, goal)
         program = build_program(core, memory_times=binding_memory_times(core))
         relaxation = solve_relaxation(program, 10.0, 1)
         assert relaxation is not None
@@ -89,9 +88,8 @@ def test_bounds_hold_and_answers_fit_and_never_lose_the_incumbent(seed: int) -> 
         if searched.assignment is not None:
             chosen = searched.assignment.tolist()
             keep = [np.union1d(k, [s]).astype(np.int64) for k, s in zip(keep, chosen, strict=True)]
-        result = generate_and_solve(
-            core, search, keep, searched.assignment, searched.bound, 0.01, time.perf_counter() + 10.0, 1
-        )
+        goal = GenerationGoal(deadline=time.perf_counter() + 10.0, relative_gap=0.01)
+        result = generate_and_solve(core, search, keep, searched.assignment, searched.bound, goal)
         if optimum is None:
             assert result.assignment is None
             continue

@@ -14,8 +14,9 @@ from solver.bounds.trws import dual_bound
 from solver.compact import compact
 from solver.evaluate import evaluate
 from solver.heuristics.state import flatten, min_usage_assignment
-from solver.large.peak import peak_lns
+from solver.large.peak import PeakSettings, peak_lns
 from solver.large.priced import promising_strategies, search_restricted
+from solver.large.regions import RegionSearch
 from solver.solve import SolveOptions, solve
 from tests.solver.random_problems import brute_force, tight_problem
 
@@ -29,7 +30,9 @@ def test_small_regions_reach_the_optimum_of_tight_problems() -> None:
         core = compact(problem)
         start = min_usage_assignment(flatten(core))
         # a budget of 12 columns: two or three nodes a region, never the whole program
-        best, stats = peak_lns(core, start, time.perf_counter() + 1.0, region_columns=12, max_columns=12)
+        best, stats = peak_lns(
+            core, start, time.perf_counter() + 1.0, settings=PeakSettings(region_columns=12, max_columns=12)
+        )
         evaluation = evaluate(problem, core.lift(best))
         assert evaluation.feasible
         assert evaluation.cost <= evaluate(problem, core.lift(start)).cost
@@ -104,7 +107,7 @@ def test_the_promising_strategies_hold_the_incumbent_and_the_restricted_search_n
         assert all(s in kept for s, kept in zip(start.tolist(), keep, strict=True))
         if decoded is not None:
             assert evaluate(problem, core.lift(decoded)).feasible
-        best = search_restricted(core, keep, start, time.perf_counter() + 0.5)
+        best = search_restricted(core, keep, start, time.perf_counter() + 0.5, RegionSearch())
         assert all(s in kept for s, kept in zip(best.tolist(), keep, strict=True))
         evaluation = evaluate(problem, core.lift(best))
         assert evaluation.feasible
