@@ -70,17 +70,21 @@ class Headroom:
 def with_headroom(
     problem: Problem,
     fastest: SolveResult,
-    relative_gap: float,
-    time_limit: float,
-    backend: str = "auto",
-    threads: int = 2,
+    options: SolveOptions,
     accept: Callable[[SolveResult], bool] | None = None,
 ) -> Headroom:
     """The answer of least peak found under the cap (module docstring), starting from ``fastest`` (a solve
-    of ``problem`` with a solution and its peak), within ``time_limit`` seconds (each probe gets what is
-    left of them); ``accept``, where given, must also hold of an answer (module docstring). The result
+    of ``problem`` with a solution and its peak), within ``options.time_limit`` seconds (each probe gets what
+    is left of them) on ``options.backend`` and ``options.threads``, the cap ``options.relative_gap`` above
+    ``fastest``'s bound; ``accept``, where given, must also hold of an answer (module docstring). The result
     keeps ``fastest``'s bound and reports its own cost, peak and gap against it (``feasible`` unless its
     cost is the bound)."""
+    relative_gap, time_limit, backend, threads = (
+        options.relative_gap,
+        options.time_limit,
+        options.backend,
+        options.threads,
+    )
     started = time.perf_counter()
     deadline = started + time_limit
     if fastest.solution is None or fastest.cost is None or fastest.peak_usage is None:

@@ -21,7 +21,7 @@ from solver.backends.base import OPTIMAL
 from solver.bounds.lagrangian_branch import BranchResult, LagrangianBranch
 from solver.bounds.memory_priced import memory_dual_bound
 from solver.context import SolveContext, Stagnation
-from solver.heuristics.anytime import warm_up
+from solver.heuristics.anytime import HeuristicRun, warm_up
 from solver.heuristics.portfolio import background_search, portfolio_solve
 from solver.large.generated import GenerationGoal, generate_and_solve
 from solver.large.lns import lns_improve
@@ -182,14 +182,13 @@ def heuristic_phase(run: SolveContext) -> None:
     least = min(policy.HEURISTIC_MIN_S, policy.HEURISTIC_MIN_SHARE * budget.left)
     seconds = max(least, share * (budget.work_deadline - time.perf_counter()))
     warm_up()
-    incumbent = portfolio_solve(
-        core,
-        time_limit=seconds,
-        threads=1 if path.mode == Mode.FULL else options.threads,
-        seed=options.seed,
+    heuristic = HeuristicRun(
+        options.seed,
         on_incumbent=on_incumbent,
         stop=stop_heuristic if path.mode == Mode.FULL or path.priced_lns else None,
     )
+    threads = 1 if path.mode == Mode.FULL else options.threads
+    incumbent = portfolio_solve(core, seconds, threads, heuristic)
     run.timings["heuristic"] = time.perf_counter() - phase
     run.candidates = [] if incumbent is None else [incumbent]
     searched = run.searched

@@ -16,6 +16,7 @@ import numpy as np
 
 from solver import policy
 from solver.backends import get_backend
+from solver.backends.base import BackendLimits
 from solver.bounds.memory_priced import PricedAscent, memory_priced_ascent
 from solver.compact import CompactProblem
 from solver.context import SolveContext
@@ -95,7 +96,7 @@ def _priced_solver(run: SolveContext, threads: int) -> RestrictedSolver:
         # optimal in 17 s, where rows added as HiGHS's LPs violate them (`solve_whole`) took 22 s.
         program = build_program(restricted, memory_times=binding_memory_times(restricted))
         result = get_backend(backend).solve(
-            program, time_limit=max(0.0, until - time.perf_counter()), threads=threads, warm_start=local
+            program, BackendLimits(max(0.0, until - time.perf_counter()), threads), warm_start=local
         )
         if result.assignment is not None:
             run.tracker.incumbent(f"{backend}-priced", restricted.cost(result.assignment) + run.constant)

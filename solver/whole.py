@@ -18,7 +18,15 @@ import numpy as np
 
 from solver import policy
 from solver.backends import get_backend
-from solver.backends.base import FEASIBLE, NO_SOLUTION, OPTIMAL, BackendResult, Started, closing_gap
+from solver.backends.base import (
+    FEASIBLE,
+    NO_SOLUTION,
+    OPTIMAL,
+    BackendLimits,
+    BackendResult,
+    Started,
+    closing_gap,
+)
 from solver.compact import CompactProblem
 from solver.ilp import IntegerProgram, binding_memory_times, build_program, memory_times_over
 
@@ -95,11 +103,11 @@ def solve_whole(
             timings["build"] += time.perf_counter() - phase
         result = backend.solve(
             program,
-            time_limit=max(0.5, deadline - time.perf_counter()),
-            threads=settings.threads,
+            BackendLimits(
+                max(0.5, deadline - time.perf_counter()), settings.threads, relative_gap=settings.relative_gap
+            ),
             warm_start=incumbent,
             progress=lambda _t, cost, bound: settings.on_progress(cost, bound),
-            relative_gap=settings.relative_gap,
             started=first_work if rounds == 0 else None,
         )
         rounds += 1

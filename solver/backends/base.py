@@ -69,6 +69,16 @@ class Started:
 
 
 @dataclass(frozen=True)
+class BackendLimits:
+    """When a backend stops: after ``time_limit`` seconds on ``threads`` threads, or once its answer is proven
+    within ``relative_gap`` of its bound."""
+
+    time_limit: float
+    threads: int
+    relative_gap: float = 0.0
+
+
+@dataclass(frozen=True)
 class SolveCall:
     """What `Backend.solve` was asked besides the program, and when it began (a `time.perf_counter()` value,
     taken once the program was found not to be empty)."""
@@ -106,20 +116,20 @@ class Backend(ABC):
     def solve(
         self,
         program: IntegerProgram,
-        time_limit: float,
-        threads: int,
+        limits: BackendLimits,
         warm_start: np.ndarray | None = None,
         progress: ProgressSink | None = None,
-        relative_gap: float = 0.0,
         started: Started | None = None,
     ) -> BackendResult:
-        """Solve ``program`` (``started``: what `begin` returned for this same program, if anything)."""
+        """Solve ``program`` within ``limits`` (``started``: what `begin` returned for this same program, if
+        anything)."""
         if (empty := empty_program_result(program)) is not None:
             return empty
         begun = time.perf_counter()
-        return self._solve(
-            program, SolveCall(time_limit, threads, warm_start, progress, relative_gap, started, begun)
+        call = SolveCall(
+            limits.time_limit, limits.threads, warm_start, progress, limits.relative_gap, started, begun
         )
+        return self._solve(program, call)
 
     @abstractmethod
     def _solve(self, program: IntegerProgram, call: SolveCall) -> BackendResult:

@@ -17,6 +17,7 @@ from solver.backends.base import (
     NO_SOLUTION,
     OPTIMAL,
     Backend,
+    BackendLimits,
     BackendResult,
     ProgressSink,
     SolveCall,
@@ -313,24 +314,28 @@ def _run_mip(program: IntegerProgram, mip: _Mip) -> BackendResult:
 
 def solve_mip(
     program: IntegerProgram,
-    time_limit: float,
-    threads: int,
+    limits: BackendLimits,
     warm_start: np.ndarray | None = None,
     target: float = -math.inf,
-    relative_gap: float = 0.0,
     cut_pool: int | None = None,
     give_up: float = math.inf,
 ) -> BackendResult:
-    """HiGHS's branch-and-bound on ``program`` as it stands -- no relaxation first, no memory row separated
-    (a program with every row it needs) -- until its answer is proven within ``relative_gap`` of its own
-    bound, ``time_limit`` seconds, an answer that costs at most ``target`` (a bound from outside the
+    """HiGHS's branch-and-bound on ``program`` as it stands -- no relaxation first, no memory row separated (a
+    program with every row it needs) -- until its answer is proven within ``limits.relative_gap`` of its own
+    bound, ``limits.time_limit`` seconds, an answer that costs at most ``target`` (a bound from outside the
     program proves it close enough), or its own bound above ``give_up`` (the caller has a larger program to
     search for such an answer). ``cut_pool``: HiGHS's ``mip_pool_soft_limit`` instead of its 10,000
     (`solver.large.generated`'s small programs)."""
     if (empty := empty_program_result(program)) is not None:
         return empty
     mip = _Mip(
-        time_limit, threads, warm_start, relative_gap, target=target, cut_pool=cut_pool, give_up=give_up
+        limits.time_limit,
+        limits.threads,
+        warm_start,
+        limits.relative_gap,
+        target=target,
+        cut_pool=cut_pool,
+        give_up=give_up,
     )
     return _run_mip(program, mip)
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import scipy.sparse as sp
 
-from solver.backends.base import INFEASIBLE, OPTIMAL
+from solver.backends.base import INFEASIBLE, OPTIMAL, BackendLimits
 from solver.compact import CompactProblem
 from solver.errors import InfeasibleError
 from solver.evaluate import interval_profile
@@ -71,7 +71,7 @@ def smallest_peak(problem: CompactProblem, time_limit: float = 30.0, threads: in
         ),
         memory_profile=None,  # the rows' right-hand side is the peak column here, not a limit
     )
-    result = HighsBackend().solve(peak_program, time_limit=time_limit, threads=threads)
+    result = HighsBackend().solve(peak_program, BackendLimits(time_limit, threads))
     if result.status == INFEASIBLE:
         raise InfeasibleError("no assignment avoids the forbidden strategies and strategy pairs")
     if result.status == OPTIMAL:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -78,22 +79,32 @@ STALL_CHUNKS = 3
 RESTART_SEED_STRIDE = 7919
 
 
+@dataclass(frozen=True)
+class HeuristicRun:
+    """How a heuristic search runs besides its problem and time limit."""
+
+    seed: int = 0
+    initial: np.ndarray | None = None
+    """An assignment to start from where it fits (else each node's least usage)."""
+    on_incumbent: Callable[[float, np.ndarray], None] | None = None
+    """Told each better answer found: (its cost, the assignment)."""
+    stop: Callable[[], bool] | None = None
+    """Asked between chunks of work: True ends the search."""
+
+
 def heuristic_solve(
-    problem: CompactProblem,
-    time_limit: float,
-    seed: int = 0,
-    initial: np.ndarray | None = None,
-    on_incumbent: Callable[[float, np.ndarray], None] | None = None,
-    stop: Callable[[], bool] | None = None,
-    searches: int = 1,
+    problem: CompactProblem, time_limit: float, run: HeuristicRun | None = None, searches: int = 1
 ) -> np.ndarray | None:
-    """Best feasible super-node assignment found (finite cost, memory within limit), or None.
+    """Best feasible super-node assignment found (finite cost, memory within limit), or None, the search
+    run as ``run`` says (None: `HeuristicRun`'s defaults).
 
     ``searches``: independent searches (seeds ``seed``, ``seed + 1``, ...) taking turns chunk by chunk in
     this process, the best answer of all kept. Each seed ends in its own local optimum: on llama3-8b plans
     on 3-D meshes (2 s limits) the best of four seeds cost 9-28% less than the first alone, so on one core
     two searches at half speed beat one at full speed.
     """
+    run = run or HeuristicRun()
+    seed, initial, on_incumbent, stop = run.seed, run.initial, run.on_incumbent, run.stop
     deadline = time.monotonic() + time_limit
     if problem.num_nodes == 0:
         return np.zeros(0, dtype=np.int64)
@@ -123,11 +134,11 @@ def heuristic_solve(
         for k in range(max(1, searches))
     ]
     while runs:  # in turns: each `next` is one kernel call of one search
-        for run in list(runs):
+        for turn in list(runs):
             try:
-                next(run)
+                next(turn)
             except StopIteration:
-                runs.remove(run)
+                runs.remove(turn)
     return incumbent.best
 
 

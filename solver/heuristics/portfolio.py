@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from solver.compact import CompactProblem
-from solver.heuristics.anytime import heuristic_solve
+from solver.heuristics.anytime import HeuristicRun, heuristic_solve
 from solver.parallel import Answer, Channel, ForkedSearch, can_fork
 
 IncumbentCallback = Callable[[float, np.ndarray], None]
@@ -35,14 +35,8 @@ def background_search(
     its improving answers arrive through `ForkedSearch.poll`."""
 
     def run(channel: Channel) -> Answer | None:
-        answer = heuristic_solve(
-            problem,
-            time_limit,
-            seed,
-            initial,
-            on_incumbent=channel.found,
-            stop=channel.halted,
-        )
+        run = HeuristicRun(seed, initial, on_incumbent=channel.found, stop=channel.halted)
+        answer = heuristic_solve(problem, time_limit, run)
         return None if answer is None else (problem.cost(answer), answer)
 
     return ForkedSearch(run)
@@ -52,17 +46,17 @@ def portfolio_solve(
     problem: CompactProblem,
     time_limit: float,
     threads: int,
-    seed: int = 0,
-    initial: np.ndarray | None = None,
-    on_incumbent: IncumbentCallback | None = None,
-    stop: Callable[[], bool] | None = None,
+    run: HeuristicRun | None = None,
     background: Sequence[ForkedSearch] = (),
 ) -> np.ndarray | None:
-    """Best feasible super-node assignment over ``threads`` heuristic searches (one in this process).
+    """Best feasible super-node assignment over ``threads`` heuristic searches (one in this process), each
+    run as ``run`` says (seeds ``run.seed``, ``run.seed + 1``, ...).
 
-    ``stop`` (asked between chunks of work) ends every search early. ``background``: searches already
+    ``run.stop`` (asked between chunks of work) ends every search early. ``background``: searches already
     running on other cores (counted in ``threads``): their answers are read too, and they are left running.
     """
+    run = run or HeuristicRun()
+    seed, initial, on_incumbent, stop = run.seed, run.initial, run.on_incumbent, run.stop
     own_background = []
     if can_fork():
         own_background = [
@@ -85,15 +79,8 @@ def portfolio_solve(
                 offer(*answer)
         return stop is not None and stop()
 
-    own = heuristic_solve(
-        problem,
-        time_limit,
-        seed=seed,
-        initial=initial,
-        on_incumbent=offer,
-        stop=read_then_ask,
-        searches=1 if running else ONE_CORE_SEARCHES,
-    )
+    own_run = HeuristicRun(seed, initial, on_incumbent=offer, stop=read_then_ask)
+    own = heuristic_solve(problem, time_limit, own_run, searches=1 if running else ONE_CORE_SEARCHES)
     if own is not None:
         offer(problem.cost(own), own)
     for search in own_background:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from solver.backends.base import BackendLimits
 from solver.backends.highs import solve_mip
 from solver.backends.highs_relaxation import INTEGRAL_TOLERANCE, LinearSolution, solve_relaxation
 from solver.bounds.lagrangian_branch import LagrangianBranch
@@ -290,9 +291,8 @@ def _solve_restricted(
     bound, or its own bound above ``give_up``; its answer (``restricted``'s indices) or None."""
     program = build_program(restricted, memory_times=binding_memory_times(restricted))
     seconds = max(0.05, deadline - time.perf_counter())
-    result = solve_mip(
-        program, seconds, goal.threads, start, target, goal.polish_gap, SUPPORT_CUT_POOL, give_up
-    )
+    limits = BackendLimits(seconds, goal.threads, relative_gap=goal.polish_gap)
+    result = solve_mip(program, limits, start, target, SUPPORT_CUT_POOL, give_up)
     return result.assignment
 
 

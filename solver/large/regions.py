@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solver.backends import get_backend
-from solver.backends.base import BackendResult
+from solver.backends.base import BackendLimits, BackendResult
 from solver.compact import CompactProblem
 from solver.evaluate import interval_profile
 from solver.ilp import IntegerProgram
@@ -107,7 +107,7 @@ def search_regions(
         if limit <= picker.reserve:
             break
         program, warm = built if built is not None else _region_program(picker, region, current)
-        result = solver.solve(program, time_limit=limit, threads=1, warm_start=warm)
+        result = solver.solve(program, BackendLimits(limit, 1), warm_start=warm)
         regions += 1
         adopted = adopt_region(problem, current, cost, region, result.assignment)
         if adopted is not None:

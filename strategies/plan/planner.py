@@ -210,9 +210,10 @@ def _solve_and_plan(
             step_s = predict(built, np.asarray(answer.solution, dtype=np.int64))["step_time_s"]
             return bool(step_s <= fastest_step_s * (1.0 + request.gap))
 
-        result = with_headroom(
-            problem, result, request.gap, budget, request.backend, threads, accept=simulated_within_gap
-        ).result
+        options = SolveOptions(
+            backend=request.backend, time_limit=budget, threads=threads, relative_gap=request.gap
+        )
+        result = with_headroom(problem, result, options, accept=simulated_within_gap).result
     timings["solve"] = time.perf_counter() - phase
     plan = make_plan(built, result, request=request_record(request), fastest=fastest)
     plan["timings"] = {**timings, "total": time.perf_counter() - started}

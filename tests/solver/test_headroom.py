@@ -26,7 +26,7 @@ def test_the_least_peak_within_the_gap_of_the_bound_is_taken() -> None:
     fastest = solve(problem, SolveOptions(relative_gap=GAP))
     assert fastest.solution == [0] and fastest.peak_usage == 10
 
-    found = with_headroom(problem, fastest, GAP, time_limit=10.0)
+    found = with_headroom(problem, fastest, SolveOptions(relative_gap=GAP, time_limit=10.0))
 
     assert found.result.solution == [1]
     assert found.result.cost == pytest.approx(100.5) and found.result.peak_usage == 5
@@ -42,7 +42,7 @@ def test_without_a_gap_only_an_answer_as_cheap_as_the_bound_may_replace_the_fast
     problem = one_choice([100.0, 100.0, 100.5], [10, 7, 1])
     fastest = solve(problem, SolveOptions(relative_gap=0.0))
 
-    found = with_headroom(problem, fastest, 0.0, time_limit=10.0)
+    found = with_headroom(problem, fastest, SolveOptions(relative_gap=0.0, time_limit=10.0))
 
     assert found.result.solution == [1] and found.result.peak_usage == 7
     assert found.result.gap == 0.0 and found.result.status == fastest.status == "optimal"
@@ -52,7 +52,7 @@ def test_where_every_smaller_peak_costs_more_than_the_gap_the_fastest_answer_sta
     problem = one_choice([100.0, 103.0], [10, 1])
     fastest = solve(problem, SolveOptions(relative_gap=GAP))
 
-    found = with_headroom(problem, fastest, GAP, time_limit=10.0)
+    found = with_headroom(problem, fastest, SolveOptions(relative_gap=GAP, time_limit=10.0))
 
     assert found.result is fastest
     assert found.probes >= 1
@@ -69,18 +69,22 @@ def test_an_answer_the_caller_refuses_counts_as_one_above_the_cap() -> None:
         judged.append(answer.solution)
         return answer.solution != [1]
 
-    found = with_headroom(problem, fastest, GAP, time_limit=10.0, accept=refuse_the_small_peak)
+    found = with_headroom(
+        problem, fastest, SolveOptions(relative_gap=GAP, time_limit=10.0), accept=refuse_the_small_peak
+    )
 
     assert found.result is fastest
     assert judged and all(solution == [1] for solution in judged)
-    assert with_headroom(problem, fastest, GAP, time_limit=10.0, accept=lambda _: True).result.solution == [1]
+    assert with_headroom(
+        problem, fastest, SolveOptions(relative_gap=GAP, time_limit=10.0), accept=lambda _: True
+    ).result.solution == [1]
 
 
 def test_no_time_no_probe() -> None:
     problem = one_choice([100.0, 100.5], [10, 5])
     fastest = solve(problem, SolveOptions(relative_gap=GAP))
 
-    found = with_headroom(problem, fastest, GAP, time_limit=0.0)
+    found = with_headroom(problem, fastest, SolveOptions(relative_gap=GAP, time_limit=0.0))
 
     assert found.result is fastest and found.probes == 0
 
@@ -96,7 +100,7 @@ def test_a_memory_limit_of_the_problem_stays_the_plans_limit() -> None:
     fastest = solve(problem, SolveOptions(relative_gap=GAP))
     assert fastest.peak_usage == 18
 
-    found = with_headroom(problem, fastest, GAP, time_limit=10.0)
+    found = with_headroom(problem, fastest, SolveOptions(relative_gap=GAP, time_limit=10.0))
 
     assert found.result.solution == [1, 1] and found.result.peak_usage == 7
     assert found.result.usage_limit == 20
@@ -107,7 +111,7 @@ def test_an_answerless_solve_is_refused() -> None:
     fastest = solve(problem)
     answerless = dataclasses.replace(fastest, solution=None, cost=None)
     with pytest.raises(ValueError, match="no answer"):
-        with_headroom(problem, answerless, GAP, time_limit=1.0)
+        with_headroom(problem, answerless, SolveOptions(relative_gap=GAP, time_limit=1.0))
 
 
 def test_probes_are_told_the_cap_and_none_starts_with_less_time_than_the_last_took(
@@ -125,7 +129,7 @@ def test_probes_are_told_the_cap_and_none_starts_with_less_time_than_the_last_to
         return solve(probe, SolveOptions(relative_gap=GAP))
 
     monkeypatch.setattr(headroom, "solve", slow_solve)
-    found = with_headroom(problem, fastest, GAP, time_limit=0.5)
+    found = with_headroom(problem, fastest, SolveOptions(relative_gap=GAP, time_limit=0.5))
 
     assert found.probes == 1 and len(calls) == 1  # 0.2 s left after a 0.3 s probe: no second one
     assert calls[0].cutoff == pytest.approx(fastest.bound / (1 - GAP))

@@ -14,6 +14,7 @@ import pytest
 
 from solver.compact import compact
 from solver.evaluate import evaluate
+from solver.heuristics.anytime import HeuristicRun
 from solver.heuristics.portfolio import background_search, portfolio_solve
 from solver.heuristics.state import flatten, min_usage_assignment
 from solver.large.regions import take_offered
@@ -130,9 +131,8 @@ def test_a_background_heuristic_sends_feasible_improving_answers_and_the_portfol
 
     reported: list[float] = []
     other = background_search(core, time_limit=1.5, seed=5)
-    answer = portfolio_solve(
-        core, 1.5, threads=2, on_incumbent=lambda cost, _a: reported.append(cost), background=[other]
-    )
+    run = HeuristicRun(on_incumbent=lambda cost, _a: reported.append(cost))
+    answer = portfolio_solve(core, 1.5, threads=2, run=run, background=[other])
     assert answer is not None and evaluate(problem, core.lift(answer)).feasible
     assert core.cost(answer) == pytest.approx(min(reported))
     assert other.stop() is not None  # left running by the portfolio, stopped here

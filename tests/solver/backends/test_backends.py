@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from solver.backends import BACKEND_NAMES, get_backend
-from solver.backends.base import INFEASIBLE, OPTIMAL, Started
+from solver.backends.base import INFEASIBLE, OPTIMAL, BackendLimits, Started
 from solver.backends.cpsat import objective_scale
 from solver.compact import compact
 from solver.errors import InfeasibleError
@@ -26,7 +26,7 @@ def _solve_raw(problem, backend: str):
         program = build_program(core)
     except InfeasibleError:
         return None, None
-    result = get_backend(backend).solve(program, time_limit=20, threads=1)
+    result = get_backend(backend).solve(program, BackendLimits(20, 1))
     if result.status == INFEASIBLE:
         return None, None
     assert result.status == OPTIMAL, result
@@ -68,7 +68,7 @@ def test_warm_start_is_accepted_and_kept_when_optimal() -> None:
         program = build_program(core)
         warm = best[np.unique(core.node_of, return_index=True)[1]]
         for backend in BACKEND_NAMES:
-            result = get_backend(backend).solve(program, time_limit=10, threads=1, warm_start=warm)
+            result = get_backend(backend).solve(program, BackendLimits(10, 1), warm_start=warm)
             assert result.objective == pytest.approx(expected)
 
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from solver.backends.base import FEASIBLE, INFEASIBLE
+from solver.backends.base import FEASIBLE, INFEASIBLE, BackendLimits
 from solver.backends.highs import HighsBackend, _out_of_time_for_mip
 from solver.backends.highs_relaxation import (
     _CUT_OFF,
@@ -103,7 +103,7 @@ def test_backend_keeps_its_gap_and_a_valid_bound_when_the_relaxation_mixes(relat
     program = build_program(core, memory_times=np.zeros(0, np.int64))  # rows come from the profile
     relaxation = separated_relaxation(program, time_limit=10, threads=1)
     assert relaxation is not None and relaxation.bound < expected - 0.5  # the relaxation mixes
-    result = HighsBackend().solve(program, time_limit=20, threads=1, relative_gap=relative_gap)
+    result = HighsBackend().solve(program, BackendLimits(20, 1, relative_gap=relative_gap))
     assert result.status != INFEASIBLE and result.assignment is not None
     evaluation = evaluate(problem, core.lift(result.assignment))
     assert evaluation.feasible, evaluation.violations
@@ -127,7 +127,7 @@ def test_random_memory_limited_problems_with_a_gap() -> None:
         except InfeasibleError:
             assert expected is None
             continue
-        result = HighsBackend().solve(program, time_limit=10, threads=2, relative_gap=0.05)
+        result = HighsBackend().solve(program, BackendLimits(10, 2, relative_gap=0.05))
         if expected is None:
             assert result.assignment is None, case
             continue
@@ -157,7 +157,7 @@ def test_early_first_lp_and_scaled_costs_keep_the_answer(cost_scale: float, begi
     if begin_early:
         assert started is not None and started.program is program
     for relative_gap in (0.0, 0.02):
-        result = backend.solve(program, 20, 2, relative_gap=relative_gap, started=started)
+        result = backend.solve(program, BackendLimits(20, 2, relative_gap=relative_gap), started=started)
         started = None  # its first LP is spent
         assert result.assignment is not None
         evaluation = evaluate(problem, core.lift(result.assignment))
@@ -203,7 +203,7 @@ def test_no_whole_program_mip_starts_with_less_time_left_than_the_lps_before_it_
     rng = np.random.default_rng(3)
     problem = random_problem(rng, nodes=(5, 5), with_limit=False)
     program = build_program(compact(problem), memory_times=np.zeros(0, np.int64))
-    answer = HighsBackend().solve(program, time_limit=10, threads=1).assignment
+    answer = HighsBackend().solve(program, BackendLimits(10, 1)).assignment
     assert answer is not None
     best, now = BestAnswer(program, answer), time.perf_counter()
     stopped = _out_of_time_for_mip(best, 1.5, begun=now - 2.0, deadline=now + 1.0)

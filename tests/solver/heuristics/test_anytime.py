@@ -10,7 +10,7 @@ import pytest
 
 from solver.compact import CompactProblem, compact
 from solver.evaluate import evaluate
-from solver.heuristics.anytime import heuristic_solve, warm_up
+from solver.heuristics.anytime import HeuristicRun, heuristic_solve, warm_up
 from solver.heuristics.contract import contract
 from solver.heuristics.kernels import seg_add, seg_build, seg_max
 from solver.iopddl import load
@@ -65,7 +65,9 @@ def brute_force(problem: Problem) -> float:
 
 def solve(problem: Problem, **kwargs: object) -> tuple[CompactProblem, np.ndarray | None]:
     compact_problem = compact(problem)
-    return compact_problem, heuristic_solve(compact_problem, BUDGET, **kwargs)  # type: ignore[arg-type]
+    searches = int(kwargs.pop("searches", 1))  # type: ignore[call-overload]
+    run = HeuristicRun(**kwargs)  # type: ignore[arg-type]
+    return compact_problem, heuristic_solve(compact_problem, BUDGET, run, searches)
 
 
 def test_example_reaches_its_optimum_445() -> None:
@@ -178,13 +180,13 @@ def test_incumbents_improve_and_match_the_evaluator() -> None:
 def test_same_seed_same_answer_and_stop_returns_early() -> None:
     problem = load(EXAMPLE)
     compact_problem = compact(problem)
-    first = heuristic_solve(compact_problem, BUDGET, seed=4)
-    second = heuristic_solve(compact_problem, BUDGET, seed=4)
+    first = heuristic_solve(compact_problem, BUDGET, HeuristicRun(seed=4))
+    second = heuristic_solve(compact_problem, BUDGET, HeuristicRun(seed=4))
     assert first is not None and second is not None and np.array_equal(first, second)
-    first = heuristic_solve(compact_problem, BUDGET, seed=4, searches=2)
-    second = heuristic_solve(compact_problem, BUDGET, seed=4, searches=2)
+    first = heuristic_solve(compact_problem, BUDGET, HeuristicRun(seed=4), searches=2)
+    second = heuristic_solve(compact_problem, BUDGET, HeuristicRun(seed=4), searches=2)
     assert first is not None and second is not None and np.array_equal(first, second)
-    stopped = heuristic_solve(compact_problem, 60.0, stop=lambda: True)
+    stopped = heuristic_solve(compact_problem, 60.0, HeuristicRun(stop=lambda: True))
     assert stopped is not None
     assert evaluate(problem, compact_problem.lift(stopped)).feasible
 
@@ -194,9 +196,8 @@ def test_initial_assignment_is_kept_when_it_is_the_optimum() -> None:
     compact_problem = compact(problem)
     optimum = np.array([0, 0, 2, 1, 0])
     reported: list[float] = []
-    heuristic_solve(
-        compact_problem, BUDGET, initial=optimum, on_incumbent=lambda cost, _: reported.append(cost)
-    )
+    run = HeuristicRun(initial=optimum, on_incumbent=lambda cost, _: reported.append(cost))
+    heuristic_solve(compact_problem, BUDGET, run)
     assert reported == [445.0]
 
 

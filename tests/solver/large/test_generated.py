@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from solver.backends.base import OPTIMAL
+from solver.backends.base import OPTIMAL, BackendLimits
 from solver.backends.highs import solve_mip
 from solver.backends.highs_relaxation import solve_relaxation
 from solver.bounds.lagrangian_branch import LagrangianBranch
@@ -115,10 +115,10 @@ def test_a_mip_gives_up_once_its_bound_passes_what_it_looks_for() -> None:
         program = build_program(core, memory_times=binding_memory_times(core))
         relaxation = solve_relaxation(program, 10.0, 1)
         assert relaxation is not None
-        optimum = solve_mip(program, 10.0, 1)
+        optimum = solve_mip(program, BackendLimits(10.0, 1))
         assert optimum.status == OPTIMAL
         give_up = relaxation.objective - 1.0
-        result = solve_mip(program, 10.0, 1, give_up=give_up)
+        result = solve_mip(program, BackendLimits(10.0, 1), give_up=give_up)
         assert give_up < result.bound <= optimum.objective + 1e-6, seed
         if result.assignment is not None:
             assert result.objective >= optimum.objective - 1e-6
