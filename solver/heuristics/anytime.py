@@ -121,15 +121,14 @@ def heuristic_solve(
             start = restricted
     incumbent = _Incumbent(contraction, on_incumbent)
     work = new_work(flat, MAX_TREE_NODES)
+    pace = _Pace(work, deadline, stop)
     runs = [
         _search(
             _Search(flat, new_state(flat, start), incumbent),
             start,
-            work,
+            pace,
             seed + k,
-            deadline,
             deadline - (1.0 - PRICE_SHARE) * time_limit,
-            stop,
         )
         for k in range(max(1, searches))
     ]
@@ -142,36 +141,42 @@ def heuristic_solve(
     return incumbent.best
 
 
+@dataclass(frozen=True)
+class _Pace:
+    """A search's kernel work space, its deadline (a `time.monotonic()` value) and who may stop it."""
+
+    work: Work
+    deadline: float
+    stop: Callable[[], bool] | None = None
+
+    def over(self) -> bool:
+        return time.monotonic() >= self.deadline or (self.stop is not None and self.stop())
+
+
 def _search(
-    search: _Search,
-    start: np.ndarray,
-    work: Work,
-    seed: int,
-    deadline: float,
-    pricing_until: float,
-    stop: Callable[[], bool] | None,
+    search: _Search, start: np.ndarray, pace: _Pace, seed: int, pricing_until: float
 ) -> Iterator[None]:
     """One search, a kernel call per step: the first calls, the priced targets (new ones until
     ``pricing_until``), then from its best until it stalls; then again on another seed from the start, until
-    the deadline or ``stop``."""
+    ``pace`` is over."""
     seed_rng(seed)
     rng = np.random.default_rng(seed)
-    yield from search.chunks(work, FIRST_CHUNKS, math.inf, None)
+    yield from search.chunks(_Pace(pace.work, math.inf), FIRST_CHUNKS)
     run = 0
     while True:
         prices = _Prices(search.flat)
-        while not search.out_of_time(deadline, stop) and prices.rounds < MAX_PRICE_ROUNDS:
+        while not pace.over() and prices.rounds < MAX_PRICE_ROUNDS:
             target = prices.next_target(time.monotonic() < pricing_until)
             if target is None:
                 break
-            yield from search.restart_from(target, start, rng, work, deadline, stop)
+            yield from search.restart_from(target, start, rng, pace)
         origin = search.best_contracted if run == 0 else search.state.assign
-        if not (yield from search.restart_from(origin, start, rng, work, deadline, stop, forever=True)):
+        if not (yield from search.restart_from(origin, start, rng, pace, forever=True)):
             return  # out of time (or stopped)
         run += 1  # stalled: again on another seed, from the start
         seed_rng(seed + RESTART_SEED_STRIDE * run)
         rng = np.random.default_rng(seed + RESTART_SEED_STRIDE * run)
-        yield from search.restart_from(None, start, rng, work, deadline, stop, chunks=FIRST_CHUNKS)
+        yield from search.restart_from(None, start, rng, pace, chunks=FIRST_CHUNKS)
 
 
 def warm_up() -> None:
@@ -188,7 +193,7 @@ def warm_up() -> None:
     start = min_usage_assignment(flat)
     state = new_state(flat, start)
     search = _Search(flat, state, _Incumbent(contract(compact(problem)), None))  # type: ignore[arg-type]
-    for _ in search.chunks(new_work(flat, MAX_TREE_NODES), 1, math.inf, None):
+    for _ in search.chunks(_Pace(new_work(flat, MAX_TREE_NODES), math.inf), 1):
         pass
     target = _Prices(flat).next_target(True)
     adopt(flat, state, target, np.arange(len(start), dtype=np.int64))
@@ -233,23 +238,17 @@ class _Search:
         self.had_violations = bool(self.state.nviol[0] > 0)
         self.history[:] = self._objective()
 
-    @staticmethod
-    def out_of_time(deadline: float, stop: Callable[[], bool] | None) -> bool:
-        return time.monotonic() >= deadline or (stop is not None and stop())
-
-    def chunks(
-        self, work: Work, count: int, deadline: float, stop: Callable[[], bool] | None
-    ) -> Generator[None, None, bool]:
-        """Up to ``count`` kernel calls (yielding after each), stopping at the deadline; with ``count``
+    def chunks(self, pace: _Pace, count: int) -> Generator[None, None, bool]:
+        """Up to ``count`` kernel calls (yielding after each), stopping when ``pace`` is over; with ``count``
         negative, until the state stalls: its best has not improved for as many calls as it took to reach
         it (at least `STALL_CHUNKS`). Returns True when it stopped for its count or a stall, False for the
-        deadline or ``stop``."""
+        deadline or its ``stop``."""
         done = improved_at = 0
         best = self.state.best_cost[0]
-        while done != count and not self.out_of_time(deadline, stop):
+        while done != count and not pace.over():
             s = self.state
             focus = _violating_nodes(self.flat, s.assign) if s.nviol[0] > 0 else np.zeros(0, np.int64)
-            search_chunk(self.flat, s, work, self.params, focus, self.history, CHUNK_MOVES)
+            search_chunk(self.flat, s, pace.work, self.params, focus, self.history, CHUNK_MOVES)
             self._after_chunk()
             done += 1
             yield
@@ -264,9 +263,7 @@ class _Search:
         target: np.ndarray | None,
         start: np.ndarray,
         rng: np.random.Generator,
-        work: Work,
-        deadline: float,
-        stop: Callable[[], bool] | None,
+        pace: _Pace,
         forever: bool = False,
         chunks: int = RESTART_CHUNKS,
     ) -> Generator[None, None, bool]:
@@ -278,7 +275,7 @@ class _Search:
             state = new_state(self.flat, state.assign)
         self.state = state
         self._reset_history()
-        return (yield from self.chunks(work, -1 if forever else chunks, deadline, stop))
+        return (yield from self.chunks(pace, -1 if forever else chunks))
 
     def _after_chunk(self) -> None:
         """Restart the history once feasible; verify and report a new best state."""
