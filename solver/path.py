@@ -47,6 +47,10 @@ class SolvePath:
     """Few enough nodes with a choice for the pruned solve (`use_pruned`)."""
     priced_lns: bool
     """Too large for the whole program, tight, many nodes: the memory prices before the region search."""
+    columns: int
+    """The whole program's columns before memory auxiliaries (`program_shape`; 0 for the heuristic alone)."""
+    rows: int
+    """... and its rows before memory rows."""
 
     @property
     def label(self) -> str:
@@ -59,9 +63,9 @@ def choose_path(core: CompactProblem, backend: str, relative_gap: float) -> Solv
     large neighbourhood search with the backend (``auto``: HiGHS, measured best on both); ``heuristic``: the
     heuristic alone."""
     if backend == Mode.HEURISTIC.value:
-        chosen, mode, columns = Mode.HEURISTIC.value, Mode.HEURISTIC, 0
+        chosen, mode, (columns, rows) = Mode.HEURISTIC.value, Mode.HEURISTIC, (0, 0)
     else:
-        columns = program_size(core)
+        columns, rows = program_shape(core)
         chosen = "highs" if backend == "auto" else backend
         mode = Mode.FULL if columns <= policy.FULL_PROGRAM_MAX_VARIABLES else Mode.LNS
     tight = mode != Mode.HEURISTIC and len(binding_memory_times(core)) > 0
@@ -78,6 +82,8 @@ def choose_path(core: CompactProblem, backend: str, relative_gap: float) -> Solv
         # Too large for the whole program and tight: the heuristic stops once stale (it goes on from its best
         # answer on another core) and the memory prices decide what comes next.
         priced_lns=mode == Mode.LNS and tight and not pruned,
+        columns=columns,
+        rows=rows,
     )
 
 

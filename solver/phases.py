@@ -28,7 +28,7 @@ from solver.large.lns import lns_improve
 from solver.large.pruned import Pruned, pruned_solve, solve_over
 from solver.large.regions import RegionSearch
 from solver.parallel import can_fork
-from solver.path import Mode, heuristic_share, program_shape, program_size
+from solver.path import Mode, heuristic_share
 from solver.priced_phases import peak_search, priced_phase
 from solver.whole import BackendSettings, begin_whole, restricted_solver, solve_whole
 
@@ -42,7 +42,7 @@ def lagrangian_phase(run: SolveContext) -> bool:
     ``run.candidates``, ``run.bound``, ``run.label`` and the program's size are set for the result)."""
     if not run.path.search_first:
         return False
-    core, budget, relative_gap = run.core, run.budget, run.options.relative_gap
+    budget, relative_gap = run.budget, run.options.relative_gap
     least = min(policy.LAGRANGIAN_MIN_S, policy.LAGRANGIAN_MIN_SHARE * budget.left)
     searched, final = lagrangian_search(run, budget.begun + max(least, policy.LAGRANGIAN_SHARE * budget.left))
     run.searched = searched
@@ -52,21 +52,23 @@ def lagrangian_phase(run: SolveContext) -> bool:
     run.tracker.update("lagrangian", searched.cost + run.constant, searched.bound + run.constant)
     cutoff = run.options.cutoff
     if cutoff is not None and run.known_bound + run.constant > cutoff:
-        run.variables, run.constraints = program_shape(core)
         run.candidates = [] if searched.assignment is None else [searched.assignment]
-        run.bound = run.known_bound + run.constant
-        run.label = "lagrangian"
-        return True
+        return _answered_by_search(run, run.known_bound + run.constant)
     if searched.assignment is None or not (final or searched.within(relative_gap)):
         return False
     run.candidates = [searched.assignment]
     phase = time.perf_counter()
     # Final but not proven: the bound is the whole LP's already; the memory-priced ascent stays below it.
-    run.bound = lower_bound(run, not final) + run.constant
+    bound = lower_bound(run, not final) + run.constant
     run.timings["bound"] = time.perf_counter() - phase
-    run.variables, run.constraints = program_shape(
-        core
-    )  # the program the certificate stands for (never built)
+    return _answered_by_search(run, bound)
+
+
+def _answered_by_search(run: SolveContext, bound: float) -> bool:
+    """The solve ends on the Lagrangian search's answer (``run.candidates``) with ``bound`` (the reductions'
+    constant included); its size is the whole program's, which the certificate stands for (never built)."""
+    run.bound = bound
+    run.variables, run.constraints = run.path.columns, run.path.rows
     run.label = "lagrangian"
     return True
 
@@ -91,7 +93,7 @@ def lagrangian_search(run: SolveContext, deadline: float) -> tuple[BranchResult 
         search = LagrangianBranch(core)
     except ValueError:
         return None, False
-    generation = program_size(core) <= policy.GENERATION_MAX_COLUMNS
+    generation = run.path.columns <= policy.GENERATION_MAX_COLUMNS
     searched = search.run(
         relative_gap,
         deadline,
