@@ -29,7 +29,7 @@ from solver.large.pruned import Pruned, pruned_solve, solve_over
 from solver.large.regions import RegionSearch
 from solver.parallel import can_fork
 from solver.path import Mode, heuristic_share
-from solver.priced_phases import peak_search, priced_phase
+from solver.priced_phases import peak_search, take_priced
 from solver.whole import BackendSettings, begin_whole, restricted_solver, solve_whole
 
 log = logging.getLogger(__name__)
@@ -270,11 +270,7 @@ def lns_phase(run: SolveContext) -> None:
         # prices leave a program small enough to solve whole, that program first (M at 60 s: 49.95e9 where the
         # search alone reached 52.0-52.1e9; N, R, T, U: too large; S: small enough, too large once the cutting
         # planes' strategies join, so searched by regions).
-        priced, answers = priced_phase(run, threads, True)
-        run.known_bound = max(run.known_bound, priced)
-        run.candidates.extend(answers)
-        run.incumbent = answers[-1]
-        budget.work_deadline = budget.bound_deadline
+        take_priced(run, threads, only_whole=True)
     best = core.cost(run.incumbent)
     if best - run.known_bound > run.options.relative_gap * abs(best):
         phase = time.perf_counter()

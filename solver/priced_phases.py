@@ -3,7 +3,7 @@ strategies its prices make promising (`solver.large.priced`), and the search aro
 (`solver.large.peak`).
 
 `solver.solve` runs `priced_first_phase` where the whole program would be too large for a backend;
-`solver.phases` runs `priced_phase` before large neighbourhood search and `peak_search` after the whole
+`solver.phases` runs `take_priced` before large neighbourhood search and `peak_search` after the whole
 program.
 """
 
@@ -36,15 +36,21 @@ def priced_first_phase(run: SolveContext) -> None:
     1.5 s, short of the share kept for it) -- its prices say which strategies the search should look at --
     then the search around the peak from the best answer, to the bound's deadline."""
     assert run.incumbent is not None
-    priced, answers = priced_phase(run, run.options.threads, False)
-    run.known_bound = max(run.known_bound, priced)
-    run.candidates.extend(answers)
-    run.incumbent = answers[-1]
-    run.budget.work_deadline = run.budget.bound_deadline
+    take_priced(run, run.options.threads, only_whole=False)
     phase = time.perf_counter()
     run.incumbent = peak_search(run, run.incumbent, run.budget.work_deadline)
     run.timings["peak_lns"] = time.perf_counter() - phase
     run.candidates.append(run.incumbent)
+
+
+def take_priced(run: SolveContext, threads: int, only_whole: bool) -> None:
+    """`priced_phase`, its bound and answers taken into the context (the best of them the next start); the
+    backends' work then ends at the bound's deadline: the ascent already took the bound's share."""
+    priced, answers = priced_phase(run, threads, only_whole)
+    run.known_bound = max(run.known_bound, priced)
+    run.candidates.extend(answers)
+    run.incumbent = answers[-1]
+    run.budget.work_deadline = run.budget.bound_deadline
 
 
 def priced_phase(run: SolveContext, threads: int, only_whole: bool) -> tuple[float, list[np.ndarray]]:
