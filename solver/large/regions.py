@@ -186,7 +186,7 @@ def take_offered(
     problem: CompactProblem,
     current: np.ndarray,
     cost: float,
-    outside: Callable[[], tuple[float, np.ndarray] | None] | None,
+    outside: Outside | None,
 ) -> tuple[np.ndarray, float]:
     """The answer ``outside`` offers (a search on another core) with its cost when it is cheaper than
     ``current`` and fits, else ``current`` and ``cost``."""
