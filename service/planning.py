@@ -49,15 +49,18 @@ def public_message(error: BaseException) -> str:
 
 def plan_hash(request: dict[str, Any]) -> str:
     """sha256 of the canonical request: equal requests (defaults included) share one plan."""
-    text = json.dumps(request, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(f"{HASH_SALT}:plan:{text}".encode()).hexdigest()
+    return _request_hash("plan", request)
 
 
 def search_hash(request: dict[str, Any]) -> str:
     """sha256 of the canonical search request: a resubmission joins the search running (a search is never
     answered from an earlier one's results: those are read through its job)."""
+    return _request_hash("search", request)
+
+
+def _request_hash(kind: str, request: dict[str, Any]) -> str:
     text = json.dumps(request, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(f"{HASH_SALT}:search:{text}".encode()).hexdigest()
+    return hashlib.sha256(f"{HASH_SALT}:{kind}:{text}".encode()).hexdigest()
 
 
 def solve_hash(problem_hash: str, options: dict[str, Any]) -> str:
