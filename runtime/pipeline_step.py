@@ -19,6 +19,10 @@ plan's placements, as :class:`runtime.planned_step.PlannedStep` runs a whole ste
   (the activations' gradients) back with the backward; each rank sends its local piece, in the producing
   op's planned placements, to the rank at its coordinate of the neighbouring stage (point-to-point on the
   ``pp`` group), so the bytes are the plan's ``send_bytes``;
+- who runs the actions: torch's own ``PipelineStage`` objects under its schedule class for the plan's
+  schedule (:mod:`runtime.pipeline_stages`), wherever each value the backward sends back can ride in a
+  forward value's slot of its shape; else (``own_loop_because`` says why: GPT-2's tied head) this module's
+  own loop, the same actions in :func:`~strategies.plan.pipeline.rank_orders`' order with its own sends;
 - the gradients of the micro-batches add up and are divided by their count (the step's loss is the mean of
   the micro-batches' losses, as one process's mean over the batch when they are equal); the loss is sent
   from the last stage to every rank.
@@ -51,7 +55,7 @@ import contextlib
 import operator
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,35 +67,16 @@ from torch.distributed.tensor import DTensor, Replicate
 from runtime import random_ops
 from runtime.local_inputs import microbatch_slices
 from runtime.parameter_shards import local_part
+from runtime.pipeline_stages import torch_stages
+from runtime.pipeline_work import AHEAD, BACK, PipelineMeasure, StageWork, StepState
 from runtime.plan_checks import Placements, PlanMismatch
 from runtime.plan_specs import release_mask
-from runtime.planned_step import Deviation, LiveBytes, PlannedStep, StepResult, redistribute
+from runtime.planned_step import LiveBytes, PlannedStep, StepResult, redistribute
 from runtime.recomputation import Entry
 from strategies.graph.capture import JointGraph, microbatch_rows
 from strategies.placement import to_dtensor
 from strategies.plan.pipeline import BACKWARD, FORWARD, WEIGHT, ZERO_BUBBLE, Action, rank_orders
 from strategies.problem.stage_groups import crossed_cuts, op_groups, stage_of_group, weight_gradient_ops
-
-AHEAD, BACK = 0, 1
-"""Directions over a cut: with the forward, with the backward."""
-
-
-@dataclass
-class StageWork:
-    """One stage's ops and what it receives and sends, per micro-batch."""
-
-    entries: dict[str, list[Entry]] = field(default_factory=lambda: {FORWARD: [], BACKWARD: [], WEIGHT: []})
-    """Per action kind, its ops in order: the forward's (``F``); the whole backward's, or a zero-bubble
-    schedule's ``B`` (what makes the activations' gradients, and the recomputations); its ``W`` (the
-    backward's ops making only parameters' gradients)."""
-    receives: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
-    """Received before its forward (over the cut before it), before its backward (over the cut after it)."""
-    sends: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
-    """Sent after its forward (over the cut after it), after its backward (over the cut before it)."""
-    drops: dict[str, list[list[fx.Node]]] = field(default_factory=dict)
-    """Per action kind (``F``, ``B``, ``W``), per entry, the values whose last use on this stage it is."""
-    after_sends: tuple[list[fx.Node], list[fx.Node]] = field(default_factory=lambda: ([], []))
-    """Values that go once the forward's / the backward's sends are made."""
 
 
 @dataclass(frozen=True)
@@ -106,35 +91,6 @@ class Hop:
     @property
     def cut(self) -> int:
         return min(self.stage, self.action.stage)
-
-
-@dataclass
-class _StepState:
-    """What one step gathers as its actions run."""
-
-    live: LiveBytes = field(default_factory=LiveBytes)
-    deviations: list[Deviation] = field(default_factory=list)
-    pending: list[Any] = field(default_factory=list)
-    """(the send, its tensor) of every send made, waited for at the step's end."""
-    losses: list[torch.Tensor] = field(default_factory=list)
-    gradients: dict[str, DTensor] = field(default_factory=dict)
-    draws: dict[tuple[fx.Node, int], Any] = field(default_factory=dict)
-    """(random op, micro-batch) -> the generator state it draws from."""
-
-
-@dataclass
-class PipelineMeasure:
-    """What one step of this rank measured: seconds per action kind and stage, bytes sent."""
-
-    forward_s: dict[int, float] = field(default_factory=dict)
-    backward_s: dict[int, float] = field(default_factory=dict)
-    """The whole backward's, or a zero-bubble schedule's ``B``'s."""
-    weight_s: dict[int, float] = field(default_factory=dict)
-    """A zero-bubble schedule's ``W``'s."""
-    waited_s: float = 0.0
-    """Waiting for what another rank sends (idle, not the stage's time)."""
-    sent_bytes: int = 0
-    step_s: float = 0.0
 
 
 class PipelineStep:
@@ -152,6 +108,7 @@ class PipelineStep:
         self.ranks, self.rank = mesh.size(0), mesh.get_local_rank(0)
         self.stages = [range(*stage["layers"]) for stage in pipeline["stages"]]
         self.microbatches, self.microbatch_size = pipeline["microbatches"], pipeline["microbatch_size"]
+        self.schedule = pipeline["schedule"]
         self.order: list[Action] = rank_orders(
             pipeline["schedule"], self.ranks, self.microbatches, pipeline.get("chunks", 1)
         )[self.rank]
@@ -189,6 +146,10 @@ class PipelineStep:
             if random_ops.draws_random(node.target, node.args, node.kwargs)
         ]
         self.measured = PipelineMeasure()
+        runner = torch_stages(self)
+        self.torch_stages = None if isinstance(runner, str) else runner
+        self.own_loop_because = runner if isinstance(runner, str) else None
+        """Why the step runs in this module's own loop rather than on torch's stages (None: on torch's)."""
 
     # what runs where ------------------------------------------------------------------------------------
 
@@ -362,7 +323,7 @@ class PipelineStep:
         parameters' gradients, in the parameters' placements."""
         started = time.perf_counter()
         self.measured = PipelineMeasure()
-        step = _StepState()
+        step = StepState()
         held: dict[fx.Node, Any] = {}
         for name, node in self.graph.parameters.items():
             if name in self.parameter_placements:
@@ -374,6 +335,34 @@ class PipelineStep:
         for value in held.values():
             step.live.add(value)
         step.draws = self._draw_states()
+        if self.torch_stages is not None:
+            self.torch_stages.run(held, inputs, step)
+        else:
+            self._run_in_order(held, inputs, step)
+        gradients = {name: gradient / self.microbatches for name, gradient in step.gradients.items()}
+        self._exchange(gradients)
+        loss = self._loss(step.losses)
+        self.measured.step_s = time.perf_counter() - started
+        buffers = self.torch_stages.buffer_bytes() if self.torch_stages is not None else 0
+        return StepResult(loss, gradients, step.deviations, step.live.peak + buffers)
+
+    def forward_env(
+        self, held: Mapping[fx.Node, Any], inputs: Sequence[DTensor | None], step: StepState
+    ) -> dict[fx.Node, Any]:
+        """A forward's values to start from: the held parameters and buffers, its micro-batch's inputs."""
+        env = dict(held)
+        for node, value in zip(self.graph.inputs, inputs, strict=True):
+            if value is not None:
+                env[node] = value
+                step.live.add(value)
+        return env
+
+    def _run_in_order(
+        self, held: Mapping[fx.Node, Any], inputs: Sequence[Sequence[DTensor | None]], step: StepState
+    ) -> None:
+        """The step in this module's own loop (where torch's stages cannot carry the plan:
+        ``own_loop_because``): the schedule's actions in order, each receiving and sending what crosses its
+        cut point to point."""
         envs: dict[tuple[int, int], dict[fx.Node, Any]] = {}
         idle = 0.0
         with torch.no_grad():
@@ -381,33 +370,19 @@ class PipelineStep:
                 begun = time.perf_counter()
                 key = (action.stage, action.microbatch)
                 if action.kind == FORWARD:
-                    env = envs[key] = dict(held)
-                    for node, value in zip(self.graph.inputs, inputs[action.microbatch], strict=True):
-                        if value is not None:
-                            env[node] = value
-                            step.live.add(value)
+                    envs[key] = self.forward_env(held, inputs[action.microbatch], step)
                 self._act(action, envs[key], step)
                 if action.kind == (WEIGHT if self.split else BACKWARD):  # the micro-batch's last
                     del envs[key]
-                spent = {
-                    FORWARD: self.measured.forward_s,
-                    BACKWARD: self.measured.backward_s,
-                    WEIGHT: self.measured.weight_s,
-                }[action.kind]
                 waited = self.measured.waited_s
-                spent[action.stage] = spent.get(action.stage, 0.0) + time.perf_counter() - begun - waited
+                self.measured.spent(action, time.perf_counter() - begun - waited)
                 self.measured.waited_s = 0.0
                 idle += waited
             for work, _ in step.pending:
                 work.wait()
-        gradients = {name: gradient / self.microbatches for name, gradient in step.gradients.items()}
-        self._exchange(gradients)
-        loss = self._loss(step.losses)
-        self.measured.step_s = time.perf_counter() - started
-        self.measured.waited_s += idle
-        return StepResult(loss, gradients, step.deviations, step.live.peak)
+        self.measured.waited_s = idle
 
-    def _act(self, action: Action, env: dict[fx.Node, Any], step: _StepState) -> None:
+    def _act(self, action: Action, env: dict[fx.Node, Any], step: StepState) -> None:
         """One forward, backward (or ``B``) or ``W`` of one stage on one micro-batch: receive what crosses the
         cut it reads over, run its ops (a backward adds up the gradients it makes), send what crosses the next
         cut (a ``W`` receives and sends nothing)."""
@@ -417,6 +392,17 @@ class PipelineStep:
             self._receive(
                 Hop(stage.receives[direction], action.stage - towards, action, direction), env, step.live
             )
+        self.compute(action, env, step)
+        if action.kind == WEIGHT:
+            return
+        self._send(Hop(stage.sends[direction], action.stage + towards, action, direction), env, step.pending)
+        self.drop(env, stage.after_sends[direction], step.live)
+
+    def compute(self, action: Action, env: dict[fx.Node, Any], step: StepState) -> None:
+        """An action's ops, what it received already in ``env``: each op in its planned placements (a random
+        op drawing from its micro-batch's state), the gradients it makes added up, each value dropped after
+        its last reader on the stage; a forward making the loss keeps it (replicated) in ``step.losses``."""
+        stage = self.work[action.stage]
         for entry, drops in zip(stage.entries[action.kind], stage.drops[action.kind], strict=True):
             drawn_from = step.draws.get((entry.node, action.microbatch))
             with contextlib.nullcontext() if drawn_from is None else random_ops.drawing_from(drawn_from):
@@ -429,14 +415,10 @@ class PipelineStep:
                     gradient = step.gradients[name] + gradient
                 step.gradients[name] = gradient
                 step.live.add(gradient)
-            self._drop(env, drops, step.live)
-        if action.kind == WEIGHT:
-            return
-        if direction == AHEAD and self.graph.loss in env:
+            self.drop(env, drops, step.live)
+        if action.kind == FORWARD and self.graph.loss in env:
             replicated = redistribute(env[self.graph.loss], (Replicate(),) * self.stage_mesh.ndim)
             step.losses.append(replicated.to_local())
-        self._send(Hop(stage.sends[direction], action.stage + towards, action, direction), env, step.pending)
-        self._drop(env, stage.after_sends[direction], step.live)
 
     def _draw_states(self) -> dict[tuple[fx.Node, int], Any]:
         """Where each forward random op draws from on each micro-batch: the generator state one process has
@@ -453,7 +435,7 @@ class PipelineStep:
         return states
 
     @staticmethod
-    def _drop(env: dict[fx.Node, Any], nodes: Sequence[fx.Node], live: LiveBytes) -> None:
+    def drop(env: dict[fx.Node, Any], nodes: Sequence[fx.Node], live: LiveBytes) -> None:
         for node in nodes:
             if node in env and node.op != "placeholder":
                 gone = env.pop(node)
@@ -472,7 +454,7 @@ class PipelineStep:
         """One tag per value, cut, direction and micro-batch: the receiver matches each send by it."""
         return ((action.microbatch * 2 + direction) * len(self.stages) + cut) * self.widest + index
 
-    def _planned(self, node: fx.Node) -> Placements:
+    def planned(self, node: fx.Node) -> Placements:
         source, k = (node.args[0], node.args[1]) if node.target is operator.getitem else (node, 0)
         spec = self.inner.nodes[source.name].outputs[k]  # type: ignore[union-attr]
         assert spec is not None, f"{node.name} is not a tensor"
@@ -483,14 +465,14 @@ class PipelineStep:
             value = env[node]
             if not isinstance(value, DTensor):
                 raise PlanMismatch(f"pipeline: {node.name}, read on another stage, is not a tensor")
-            local = redistribute(value, self._planned(node)).to_local().contiguous()
+            local = redistribute(value, self.planned(node)).to_local().contiguous()
             tag = self._tag(hop.action, hop.direction, hop.cut, index)
             pending.append((self._send_piece(local, self._peer(hop.stage), tag), local))
 
     def _receive(self, hop: Hop, env: dict[fx.Node, Any], live: LiveBytes) -> None:
         for index, node in enumerate(hop.nodes):
             tag = self._tag(hop.action, hop.direction, hop.cut, index)
-            env[node] = self._receive_piece(node.meta["val"], self._planned(node), self._peer(hop.stage), tag)
+            env[node] = self._receive_piece(node.meta["val"], self.planned(node), self._peer(hop.stage), tag)
             live.add(env[node])
 
     def _send_piece(self, local: torch.Tensor, rank: int, tag: int) -> Any:
@@ -501,15 +483,25 @@ class PipelineStep:
     def _receive_piece(self, meta: torch.Tensor, placements: Placements, rank: int, tag: int) -> DTensor:
         """This rank's piece, in ``placements``, of a value shaped as ``meta``, from the global ``rank``
         (waited for: the wait is idle time)."""
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        shape, _ = compute_local_shape_and_global_offset(meta.shape, self.stage_mesh, placements)
-        buffer = torch.empty(shape, dtype=meta.dtype, device=self.stage_mesh.device_type)
+        buffer = torch.empty(
+            self.local_shape(meta, placements), dtype=meta.dtype, device=self.stage_mesh.device_type
+        )
         waiting = time.perf_counter()
         dist.irecv(buffer, src=rank, group=self.group, tag=tag).wait()
         self.measured.waited_s += time.perf_counter() - waiting
+        return self.piece_as_dtensor(buffer, meta, placements)
+
+    def local_shape(self, meta: torch.Tensor, placements: Placements) -> tuple[int, ...]:
+        """This rank's piece's shape of a value shaped as ``meta`` in ``placements`` on the stage mesh."""
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        shape, _ = compute_local_shape_and_global_offset(meta.shape, self.stage_mesh, placements)
+        return tuple(shape)
+
+    def piece_as_dtensor(self, local: torch.Tensor, meta: torch.Tensor, placements: Placements) -> DTensor:
+        """This rank's piece ``local`` of a value shaped as ``meta``, in ``placements`` on the stage mesh."""
         return DTensor.from_local(
-            buffer,
+            local,
             self.stage_mesh,
             placements,
             run_check=False,

@@ -48,6 +48,13 @@ def report_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _runner_line(pipeline: dict[str, Any]) -> str:
+    """Whose stages and schedule ran the step: torch's, or this runtime's own loop and why."""
+    if pipeline.get("torch_schedule"):
+        return f"run by torch.distributed.pipelining: its PipelineStage under {pipeline['torch_schedule']}"
+    return f"run by autoshard's own loop (the same order, its own sends): {pipeline['own_loop_because']}"
+
+
 def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
     """Per rank of a pipeline: its stages' seconds beside the plan's, its idle time beside the plan's bubble,
     what it sent and held beside the plan's."""
@@ -58,6 +65,7 @@ def _pipeline_lines(pipeline: dict[str, Any], peaks: list[int]) -> list[str]:
         f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches, "
         f"{len(pipeline['stages'])} stages; point-to-point bytes {sent}; every rank's collectives "
         f"(its stages') {collectives}",
+        _runner_line(pipeline),
         f"{'rank':>4}  {'stages':<8}{'forward':>10}{'backward':>10}{'plan busy':>11}{'idle':>9}"
         f"{'plan bubble':>13}{'sent':>11}{'plan':>11}{'peak':>11}{'plan':>11}",
     ]

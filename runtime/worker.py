@@ -183,6 +183,8 @@ def _pipeline_report(step: PipelineStep, plan: dict[str, Any], collectives: dict
         "stages": [stage["layers"] for stage in pipeline["stages"]],
         "predicted_bubble_s": [stage["bubble_s"] for stage in pipeline["stages"]],
         "ranks": everyone,
+        "torch_schedule": step.torch_stages.schedule_name if step.torch_stages is not None else None,
+        "own_loop_because": step.own_loop_because,
         "sent_bytes_match": all(r["sent_bytes"] == r["predicted_sent_bytes"] for r in everyone),
         "collectives_match": None
         if collectives["expected_on_backend"] is None

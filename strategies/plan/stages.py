@@ -339,8 +339,8 @@ class PipelinePrediction:
     bubble_s: tuple[float, ...]
     """Per slice of the pipeline axis (a rank group): the step less its busy time."""
     peak_bytes: tuple[float, ...]
-    """Per slice: its stages' parameters (with their gradients and optimizer state) and the activations it
-    holds at its peak."""
+    """Per slice: its stages' parameters (with their gradients and optimizer state), the activations it
+    holds at its peak, and the receive buffers torch's stages keep for every micro-batch."""
     send_bytes: float
     cut_bytes: tuple[tuple[float, float], ...] = ()
     """Per cut between stages ``k`` and ``k + 1``: what one micro-batch sends over it per device, forward and
@@ -394,6 +394,12 @@ def predict_pipeline(
             parameters[rank] += shared.parameter_bytes
         for rank in holders - {stage_of_group(shared.maker, cuts) % ranks}:
             parameters[rank] += shared.gradient_bytes  # the gradient it receives
+    # torch's PipelineStage allocates, once, a receive buffer for every micro-batch of every value coming over
+    # each cut, forward and back (`_setup_forward_recv_info`, `_setup_backward_recv_info`), held for good
+    received = [0.0] * ranks
+    for k in range(len(cuts)):
+        coming = (sends[k - 1][0] if k > 0 else 0.0) + (sends[k][1] if k < len(sends) else 0.0)
+        received[k % ranks] += microbatches * coming
     step = simulate(costs, microbatches, schedule, [link] * (len(cuts) - 1), chunks)
     # the gradients go once the last backward has made them: the step waits for the slowest holder
     exchange_s = max((link.seconds(e.nbytes) * len(e.to_stages) for e in exchanges), default=0.0)
@@ -405,7 +411,8 @@ def predict_pipeline(
         step_s=step.step_s + exchange_s,
         bubble_s=tuple(step.step_s + exchange_s - busy for busy in step.busy_s),
         peak_bytes=tuple(
-            p + a + profile.working_bytes for p, a in zip(parameters, step.peak_activation_bytes, strict=True)
+            p + a + r + profile.working_bytes
+            for p, a, r in zip(parameters, step.peak_activation_bytes, received, strict=True)
         ),
         send_bytes=step.send_bytes + sum(e.nbytes * len(e.to_stages) for e in exchanges),
         cut_bytes=tuple(sends),

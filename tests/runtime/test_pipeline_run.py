@@ -13,7 +13,9 @@ equal to one process on the same micro-batches (`run_rank`'s check: the loss, ev
 step, every parameter after the last); a zero-bubble schedule (chosen where none is asked) runs each
 backward as B and W apart; every rank sends exactly the bytes the plan's cuts (and exchanges) say, runs
 exactly the collectives its stages' plan says (kinds, counts, bytes), and holds at its peak no more than 110%
-of its stage's predicted peak.
+of its stage's predicted peak. Every plan but the tied ones runs on `torch.distributed.pipelining`'s
+`PipelineStage` objects under torch's schedule class for it (`runtime.pipeline_stages`); the tied ones in
+the runtime's own loop, which says why.
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ CASES = {  # without a schedule: chosen (zero-bubble, for these)
     ),
     "transformers gpt-2, tied, with dropout": ({"model": f"{ZOO}:gpt2"}, "2x2", "pp,tp", {}),
 }
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zero-bubble": "ScheduleInterleavedZeroBubble",
+}
 DROPOUT = {"gpt-neox with dropout, recomputed", "transformers gpt-2, tied, with dropout"}
 TWO_STAGES_PER_RANK = {"gpt interleaved", "gpt 6 layers from a 4-layer capture"}
 TIED = {"gpt tied pp2 x tp2", "transformers gpt-2, tied, with dropout"}
@@ -101,6 +109,14 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
         # a zero-bubble schedule runs every stage's parameters' gradients (W) apart from its B
         assert (sum(measured["weight_s"]) > 0) == (pipeline["schedule"] == "zero-bubble"), measured
     assert ran["sent_bytes_match"] and ran["collectives_match"]
+    # torch's stages and schedule class ran it, but where a backward value has nothing to ride back in (the
+    # tied head's contribution to the embedding's gradient: vocab x hidden, nothing of its shape goes forward)
+    if case in TIED:
+        assert ran["torch_schedule"] is None
+        assert "crosses the cut after stage 0 back" in ran["own_loop_because"], ran["own_loop_because"]
+    else:
+        assert ran["torch_schedule"] == TORCH_SCHEDULES[pipeline["schedule"]]
+        assert ran["own_loop_because"] is None
     if case == "gpt recomputed":  # the last stage's head reduces more than the first stage
         first, last = (ran["ranks"][rank]["collectives"]["all_reduce"] for rank in (0, 3))
         assert 0 < first < last, ran["ranks"]
@@ -119,6 +135,7 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     text = report_text(report)
     assert f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches" in text
     assert "point-to-point bytes as planned; every rank's collectives (its stages') as planned" in text
+    assert ("run by autoshard's own loop" if case in TIED else "run by torch.distributed.pipelining") in text
 
 
 def test_a_pipeline_plan_made_before_its_stages_counted_collectives_runs_and_says_so(ranks, tmp_path) -> None:
