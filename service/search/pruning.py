@@ -61,8 +61,12 @@ def top_row_proof(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     "shortfall"}`` (``closest``: the row of least bound per token among ``below``; ``shortfall``: how far
     below the top row's objective that bound is, as a share of it). None without a ranked row."""
     top = next((row for row in rows if row.get("rank") == 1), None)
-    objective = None if top is None else (top.get("certificate") or {}).get("objective_s")
-    if top is None or objective is None:
+    if top is None:
+        return None
+    # a pipeline's step is its schedule simulated over its micro-batch plan: no program of its own, no bound
+    pipeline = bool(top.get("pipeline"))
+    objective = top.get("step_time_s") if pipeline else (top.get("certificate") or {}).get("objective_s")
+    if objective is None:
         return None
     top_rate = objective / tokens(top["batch"], top["seq"])
     below: list[str] = []
@@ -80,9 +84,9 @@ def top_row_proof(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             below.append(row["id"])
             if short > shortfall:
                 closest, shortfall = row["id"], short
-    proven = not below and not unknown
+    proven = not below and not unknown and not pipeline
     return {"top": top["id"], "proven": proven, "below": below, "unknown": unknown, "closest": closest,
-            "shortfall": shortfall}  # fmt: skip
+            "shortfall": shortfall, "pipeline": pipeline}  # fmt: skip
 
 
 def proof_text(proof: dict[str, Any] | None) -> str:
@@ -92,6 +96,8 @@ def proof_text(proof: dict[str, Any] | None) -> str:
     if proof["proven"]:
         return f"{proof['top']} is proven best: no other candidate's bound per token is below its cost"
     parts = []
+    if proof.get("pipeline"):
+        parts.append("a pipeline, its step simulated from a micro-batch plan: no bound of its own")
     if proof["below"]:
         parts.append(
             f"{len(proof['below'])} candidates' bounds per token are below its cost, "

@@ -66,6 +66,22 @@ def test_the_top_row_is_proven_best_when_no_other_bound_per_token_is_below_its_c
     assert top_row_proof([row("c03", "infeasible", 64)]) is None
 
 
+def test_a_pipeline_on_top_is_never_proven_best_but_the_others_bounds_are_still_read() -> None:
+    pipeline = {**row("c05", "feasible", 32, rank=1), "step_time_s": 1.0, "pipeline": {"schedule": "1f1b"}}
+    rows = [pipeline, row("c01", "feasible", 16, rank=2, objective=0.6, bound=0.45)]  # 10% below 1/32
+    proof = top_row_proof(rows)
+    assert proof is not None and proof["top"] == "c05" and not proof["proven"] and proof["pipeline"]
+    assert proof["below"] == ["c01"] and proof["shortfall"] == pytest.approx(0.1)
+    assert proof_text(proof) == (
+        "c05 is not proven best: a pipeline, its step simulated from a micro-batch plan: no bound of its "
+        "own; 1 candidates' bounds per token are below its cost, c01's the most, by 10.00%"
+    )
+    rows[1]["certificate"]["bound_s"] = 0.55
+    assert proof_text(top_row_proof(rows)) == (
+        "c05 is not proven best: a pipeline, its step simulated from a micro-batch plan: no bound of its own"
+    )
+
+
 def test_a_plan_whose_bound_is_above_its_cutoff_is_not_made() -> None:
     request = PlanRequest(model="mlp", mesh="2x2", batch=256, options={"d": 256, "h": 1024}, gap=0.0)
     plan = plan_model(request).plan
