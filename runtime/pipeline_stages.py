@@ -192,15 +192,17 @@ class TorchStages:
         microbatches = torch.arange(self.step.microbatches)
         first = 0 in self.step.own
         last = len(self.step.stages) - 1 in self.step.own
-        self.schedule.step(
-            *((microbatches,) if first else ()),
-            target=microbatches if last else None,
-            return_outputs=False,
-        )
-        if self.envs:
-            raise RuntimeError(
-                f"pipeline: torch's schedule left micro-batches unfinished: {sorted(self.envs)}"
+        try:
+            self.schedule.step(
+                *((microbatches,) if first else ()),
+                target=microbatches if last else None,
+                return_outputs=False,
             )
+        finally:  # nothing of this step kept past it (its gradients would live on beside the next step's)
+            unfinished, self.envs = sorted(self.envs), {}
+            self.held, self.inputs, self.state = {}, (), StepState()
+        if unfinished:
+            raise RuntimeError(f"pipeline: torch's schedule left micro-batches unfinished: {unfinished}")
 
     def forward(self, stage: int, microbatch: int, received: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Stage ``stage``'s forward on ``microbatch``: its received pieces in, its pieces to send out."""
