@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 WORLD = 4
 GPT = {"dim": 128, "n_heads": 4, "vocab_size": 256, "max_seq_len": 64, "ffn_dim": 512}
-GPT["tie_embeddings"] = False  # a tied head runs in the own loop only (its gradient has no slot to ride in)
+GPT["tie_embeddings"] = False  # the runs of tests/runtime/test_pipeline_run.py's untied cases
 CASES: dict[str, dict[str, Any]] = {
     "gpt 2 layers, pp 2 x dp 2, 1f1b": {
         "model": "gpt2-small", "batch": 8, "seq": 32, "layers": 2, "options": GPT,

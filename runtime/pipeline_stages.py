@@ -17,11 +17,14 @@ What crosses a cut back is not always the gradient of something sent forward; th
 which backward values an earlier stage reads. Each one rides in a forward value's slot of the same local
 shape and dtype (:func:`_slots`): torch sends it back as that slot's "gradient" and the earlier stage reads it
 as one; a slot nothing rides in is not differentiable (``mark_non_differentiable``), so torch sends nothing
-for it. The static metadata given to each ``PipelineStage`` says so slot by slot, and the bytes torch sends
-are then exactly the plan's ``send_bytes``. A plan where a backward value finds no slot (GPT-2's tied
-embedding: the head's ``vocab x hidden`` contribution to its gradient crosses back, nothing of that shape
-goes forward) cannot ride torch's stages: :func:`torch_stages` says why, and the plan runs in
-:class:`runtime.pipeline_step.PipelineStep`'s own loop (the same actions in the same order, its own sends).
+for it. The static metadata given to each ``PipelineStage`` says so slot by slot. A backward value no slot
+has room for (GPT-2's tied embedding: the head's ``vocab x hidden`` contribution to its gradient crosses back,
+nothing of that shape goes forward) goes point to point beside torch's sends, within the same backward
+actions (sent by the later stage's, received by the earlier one's before it runs its ops; tagged apart from
+torch's). The bytes are then exactly the plan's ``send_bytes``. Only a plan where nothing at all crosses a cut
+back cannot ride torch's stages (torch would never run the earlier stage's backward): :func:`torch_stages`
+says so, and :class:`runtime.pipeline_step.PipelineStep` runs it in its own loop (the same actions in the same
+order, its own sends).
 
 Torch's schedule does not tell a stage's module which micro-batch it runs: :class:`_PlannedStage` records the
 chunk id torch passes to ``forward_one_chunk`` / ``backward_one_chunk`` (public methods) before each call.
@@ -48,7 +51,7 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.tensor import DTensor
 
-from runtime.pipeline_work import AHEAD, BACK, StageSteps, StepState
+from runtime.pipeline_work import AHEAD, BACK, Hop, StageSteps, StepState
 from runtime.planned_step import redistribute
 from strategies.plan.pipeline import (
     BACKWARD,
@@ -78,24 +81,27 @@ class CutSlots:
 
     forward: tuple[fx.Node, ...]
     back: tuple[fx.Node | None, ...]
+    beside: tuple[fx.Node, ...] = ()
+    """Backward values no slot has room for (none of their local shape and dtype free): sent point to point
+    beside torch's sends, within the same backward (GPT-2's tied head's contribution to the embedding's
+    gradient)."""
 
 
-def _slots(step: StageSteps, cut: int) -> CutSlots | str:
+def _slots(step: StageSteps, cut: int) -> CutSlots:
     """The cut after stage ``cut``: each value the backward sends back over it in the first forward slot of
-    its local shape and dtype still free; or why one cannot ride (no such slot)."""
+    its local shape and dtype still free, else beside them."""
     forward = tuple(step.work[cut].sends[AHEAD])
     back: list[fx.Node | None] = [None] * len(forward)
+    beside: list[fx.Node] = []
     shapes = [_local_meta(step, node) for node in forward]
     for node in step.work[cut + 1].sends[BACK]:
         wanted = _local_meta(step, node)
         free = [i for i, shape in enumerate(shapes) if back[i] is None and shape == wanted]
-        if not free:
-            return (
-                f"{node.name} crosses the cut after stage {cut} back (local shape {list(wanted[0])}, "
-                f"{wanted[1]}), and nothing of its shape and dtype crosses it forward to carry it"
-            )
-        back[free[0]] = node
-    return CutSlots(forward, tuple(back))
+        if free:
+            back[free[0]] = node
+        else:
+            beside.append(node)
+    return CutSlots(forward, tuple(back), tuple(beside))
 
 
 def _local_meta(step: StageSteps, node: fx.Node) -> tuple[tuple[int, ...], torch.dtype]:
@@ -198,6 +204,8 @@ class TorchStages:
                 target=microbatches if last else None,
                 return_outputs=False,
             )
+            for work, _ in state.pending:  # what went beside torch's sends
+                work.wait()
         finally:  # nothing of this step kept past it (its gradients would live on beside the next step's)
             unfinished, self.envs = sorted(self.envs), {}
             self.held, self.inputs, self.state = {}, (), StepState()
@@ -224,20 +232,24 @@ class TorchStages:
     def backward(self, stage: int, microbatch: int, gradients: Sequence[torch.Tensor | None]) -> list[Any]:
         """Stage ``stage``'s backward (zero-bubble's ``B``) on ``microbatch``: what came back over the cut
         after it in, per slot of the cut before it what goes back (None: nothing)."""
-        begun = time.perf_counter()
+        begun, waited = time.perf_counter(), self.step.measured.waited_s
         step, state = self.step, self.state
         env = self.envs[(stage, microbatch)]
+        action = Action(BACKWARD, stage, microbatch)
         if stage < len(step.stages) - 1:
             slots = self.slots[stage]
             carried = [(back, piece) for back, piece in zip(slots.back, gradients, strict=True) if back]
             self._take(env, [back for back, _ in carried], [piece for _, piece in carried])
-        action = Action(BACKWARD, stage, microbatch)
+            step.receive(Hop(slots.beside, stage + 1, action, BACK), env, state.live)
         step.compute(action, env, state)
         back: list[Any] = []
         if stage > 0:
-            back = [None if node is None else self._piece(env, node) for node in self.slots[stage - 1].back]
+            slots = self.slots[stage - 1]
+            back = [None if node is None else self._piece(env, node) for node in slots.back]
+            step.send(Hop(slots.beside, stage - 1, action, BACK), env, state.pending)
         step.drop(env, step.work[stage].after_sends[BACK], state.live)
-        step.measured.spent(action, time.perf_counter() - begun)
+        idle = step.measured.waited_s - waited  # for what comes beside torch's sends
+        step.measured.spent(action, time.perf_counter() - begun - idle)
         return back
 
     def _weight_runner(self, stage: int) -> Callable[[], None]:
@@ -359,8 +371,6 @@ def torch_stages(step: StageSteps) -> TorchStages | str:
     slots: list[CutSlots] = []
     for cut in range(len(step.stages) - 1):
         found = _slots(step, cut)
-        if isinstance(found, str):
-            return found
         if not any(found.back):
             return (
                 f"nothing crosses the cut after stage {cut} back: torch would not run that stage's backward"

@@ -20,9 +20,9 @@ plan's placements, as :class:`runtime.planned_step.PlannedStep` runs a whole ste
   op's planned placements, to the rank at its coordinate of the neighbouring stage (point-to-point on the
   ``pp`` group), so the bytes are the plan's ``send_bytes``;
 - who runs the actions: torch's own ``PipelineStage`` objects under its schedule class for the plan's
-  schedule (:mod:`runtime.pipeline_stages`), wherever each value the backward sends back can ride in a
-  forward value's slot of its shape; else (``own_loop_because`` says why: GPT-2's tied head) this module's
-  own loop, the same actions in :func:`~strategies.plan.pipeline.rank_orders`' order with its own sends;
+  schedule (:mod:`runtime.pipeline_stages`); where they cannot carry the plan (nothing crosses a cut back:
+  ``own_loop_because`` says so) this module's own loop, the same actions in
+  :func:`~strategies.plan.pipeline.rank_orders`' order with its own sends;
 - the gradients of the micro-batches add up and are divided by their count (the step's loss is the mean of
   the micro-batches' losses, as one process's mean over the batch when they are equal); the loss is sent
   from the last stage to every rank.
@@ -55,7 +55,6 @@ import contextlib
 import operator
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -68,7 +67,7 @@ from runtime import random_ops
 from runtime.local_inputs import microbatch_slices
 from runtime.parameter_shards import local_part
 from runtime.pipeline_stages import torch_stages
-from runtime.pipeline_work import AHEAD, BACK, PipelineMeasure, StageWork, StepState
+from runtime.pipeline_work import AHEAD, BACK, Hop, PipelineMeasure, StageWork, StepState
 from runtime.plan_checks import Placements, PlanMismatch
 from runtime.plan_specs import release_mask
 from runtime.planned_step import LiveBytes, PlannedStep, StepResult, redistribute
@@ -77,20 +76,6 @@ from strategies.graph.capture import JointGraph, microbatch_rows
 from strategies.placement import to_dtensor
 from strategies.plan.pipeline import BACKWARD, FORWARD, WEIGHT, ZERO_BUBBLE, Action, rank_orders
 from strategies.problem.stage_groups import crossed_cuts, op_groups, stage_of_group, weight_gradient_ops
-
-
-@dataclass(frozen=True)
-class Hop:
-    """Values going over one cut for one action: to (or from) the neighbouring ``stage``."""
-
-    nodes: Sequence[fx.Node]
-    stage: int
-    action: Action
-    direction: int
-
-    @property
-    def cut(self) -> int:
-        return min(self.stage, self.action.stage)
 
 
 class PipelineStep:
@@ -389,13 +374,13 @@ class PipelineStep:
         stage = self.work[action.stage]
         direction, towards = (AHEAD, 1) if action.kind == FORWARD else (BACK, -1)
         if action.kind != WEIGHT:
-            self._receive(
+            self.receive(
                 Hop(stage.receives[direction], action.stage - towards, action, direction), env, step.live
             )
         self.compute(action, env, step)
         if action.kind == WEIGHT:
             return
-        self._send(Hop(stage.sends[direction], action.stage + towards, action, direction), env, step.pending)
+        self.send(Hop(stage.sends[direction], action.stage + towards, action, direction), env, step.pending)
         self.drop(env, stage.after_sends[direction], step.live)
 
     def compute(self, action: Action, env: dict[fx.Node, Any], step: StepState) -> None:
@@ -460,7 +445,7 @@ class PipelineStep:
         assert spec is not None, f"{node.name} is not a tensor"
         return tuple(to_dtensor(spec))
 
-    def _send(self, hop: Hop, env: dict[fx.Node, Any], pending: list[Any]) -> None:
+    def send(self, hop: Hop, env: dict[fx.Node, Any], pending: list[Any]) -> None:
         for index, node in enumerate(hop.nodes):
             value = env[node]
             if not isinstance(value, DTensor):
@@ -469,7 +454,7 @@ class PipelineStep:
             tag = self._tag(hop.action, hop.direction, hop.cut, index)
             pending.append((self._send_piece(local, self._peer(hop.stage), tag), local))
 
-    def _receive(self, hop: Hop, env: dict[fx.Node, Any], live: LiveBytes) -> None:
+    def receive(self, hop: Hop, env: dict[fx.Node, Any], live: LiveBytes) -> None:
         for index, node in enumerate(hop.nodes):
             tag = self._tag(hop.action, hop.direction, hop.cut, index)
             env[node] = self._receive_piece(node.meta["val"], self.planned(node), self._peer(hop.stage), tag)

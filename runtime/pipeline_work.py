@@ -43,6 +43,20 @@ class StageWork:
     """Values that go once the forward's / the backward's sends are made."""
 
 
+@dataclass(frozen=True)
+class Hop:
+    """Values going over one cut for one action: to (or from) the neighbouring ``stage``."""
+
+    nodes: Sequence[fx.Node]
+    stage: int
+    action: Action
+    direction: int
+
+    @property
+    def cut(self) -> int:
+        return min(self.stage, self.action.stage)
+
+
 @dataclass
 class StepState:
     """What one step gathers as its actions run."""
@@ -102,6 +116,10 @@ class StageSteps(Protocol):
 
     def planned(self, node: fx.Node) -> Placements: ...
 
+    def send(self, hop: Hop, env: dict[fx.Node, Any], pending: list[Any]) -> None: ...
+
+    def receive(self, hop: Hop, env: dict[fx.Node, Any], live: LiveBytes) -> None: ...
+
     def local_shape(self, meta: torch.Tensor, placements: Placements) -> tuple[int, ...]: ...
 
     def piece_as_dtensor(
@@ -109,4 +127,4 @@ class StageSteps(Protocol):
     ) -> DTensor: ...
 
 
-__all__ = ["AHEAD", "BACK", "PipelineMeasure", "StageSteps", "StageWork", "StepState"]
+__all__ = ["AHEAD", "BACK", "Hop", "PipelineMeasure", "StageSteps", "StageWork", "StepState"]

@@ -13,9 +13,9 @@ equal to one process on the same micro-batches (`run_rank`'s check: the loss, ev
 step, every parameter after the last); a zero-bubble schedule (chosen where none is asked) runs each
 backward as B and W apart; every rank sends exactly the bytes the plan's cuts (and exchanges) say, runs
 exactly the collectives its stages' plan says (kinds, counts, bytes), and holds at its peak no more than 110%
-of its stage's predicted peak. Every plan but the tied ones runs on `torch.distributed.pipelining`'s
-`PipelineStage` objects under torch's schedule class for it (`runtime.pipeline_stages`); the tied ones in
-the runtime's own loop, which says why.
+of its stage's predicted peak. Every plan runs on `torch.distributed.pipelining`'s `PipelineStage` objects
+under torch's schedule class for it (`runtime.pipeline_stages`; the tied heads' contributions to the
+embedding's gradient beside torch's sends); the runtime's own loop, its fallback, makes the same step.
 """
 
 from __future__ import annotations
@@ -109,14 +109,9 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
         # a zero-bubble schedule runs every stage's parameters' gradients (W) apart from its B
         assert (sum(measured["weight_s"]) > 0) == (pipeline["schedule"] == "zero-bubble"), measured
     assert ran["sent_bytes_match"] and ran["collectives_match"]
-    # torch's stages and schedule class ran it, but where a backward value has nothing to ride back in (the
-    # tied head's contribution to the embedding's gradient: vocab x hidden, nothing of its shape goes forward)
-    if case in TIED:
-        assert ran["torch_schedule"] is None
-        assert "crosses the cut after stage 0 back" in ran["own_loop_because"], ran["own_loop_because"]
-    else:
-        assert ran["torch_schedule"] == TORCH_SCHEDULES[pipeline["schedule"]]
-        assert ran["own_loop_because"] is None
+    # torch's stages and schedule class ran it (the tied head's contribution to the embedding's gradient, with
+    # no forward slot of its shape to ride back in, beside torch's sends)
+    assert ran["torch_schedule"] == TORCH_SCHEDULES[pipeline["schedule"]] and ran["own_loop_because"] is None
     if case == "gpt recomputed":  # the last stage's head reduces more than the first stage
         first, last = (ran["ranks"][rank]["collectives"]["all_reduce"] for rank in (0, 3))
         assert 0 < first < last, ran["ranks"]
@@ -135,7 +130,7 @@ def test_a_pipeline_plan_runs_its_schedule_equal_to_one_process(ranks, tmp_path,
     text = report_text(report)
     assert f"pipeline: {pipeline['schedule']}, {pipeline['microbatches']} micro-batches" in text
     assert "point-to-point bytes as planned; every rank's collectives (its stages') as planned" in text
-    assert ("run by autoshard's own loop" if case in TIED else "run by torch.distributed.pipelining") in text
+    assert f"run by torch.distributed.pipelining: its PipelineStage under {ran['torch_schedule']}" in text
 
 
 def test_a_pipeline_plan_made_before_its_stages_counted_collectives_runs_and_says_so(ranks, tmp_path) -> None:
@@ -150,3 +145,42 @@ def test_a_pipeline_plan_made_before_its_stages_counted_collectives_runs_and_say
     assert (
         "(the plan does not say its stages')" in text and "collectives (its stages') not in the plan" in text
     )
+
+
+def test_the_runtimes_own_loop_makes_the_step_torchs_stages_make(ranks, tmp_path) -> None:
+    """The fallback (a plan where nothing crosses a cut back) on a plan both can run: GPT-2 tied, whose head's
+    contribution to the embedding's gradient goes beside torch's sends. The same loss, gradients and bytes."""
+    model, mesh, axis_names, fields = CASES["gpt tied pp2 x tp2"]
+    plan = pipeline_plan(model, mesh, axis_names, **fields)
+    for rank, answer in enumerate(ranks.run(_both_runners, plan)):
+        assert answer["schedule"] == "ScheduleInterleavedZeroBubble"
+        assert answer["losses"][0] == answer["losses"][1], (rank, answer)
+        assert answer["largest"] <= 1e-6 and answer["sent"][0] == answer["sent"][1] > 0, (rank, answer)
+
+
+def _both_runners(plan: dict[str, Any]) -> dict[str, Any]:
+    """One step of ``plan`` on torch's stages, one in the step's own loop, from the same weights."""
+    import torch
+
+    from runtime.apply import apply_plan
+    from runtime.worker import device_mesh
+    from strategies.models.builder import build_model
+
+    torch.manual_seed(0)
+    model = CASES["gpt tied pp2 x tp2"][0]
+    sizes = {key: model[key] for key in ("batch", "seq", "layers")}
+    spec = build_model(model["model"], dtype=torch.float32, device="cpu", **sizes, **model["options"])
+    mesh = device_mesh("cpu", tuple(plan["mesh"]["shape"]), tuple(plan["mesh"]["axis_names"]))
+    applied = apply_plan(spec.module, plan, mesh, spec.example_inputs, spec.loss_fn)
+    step, results, sent = applied.step, [], []
+    schedule = step.torch_stages.schedule_name
+    for runner in (step.torch_stages, None):
+        step.torch_stages = runner
+        results.append(applied.forward_backward(spec.example_inputs))
+        sent.append(step.measured.sent_bytes)
+    largest = max(
+        float((results[0].gradients[n].full_tensor() - results[1].gradients[n].full_tensor()).abs().max())
+        for n in results[0].gradients
+    )
+    losses = [float(result.loss.full_tensor()) for result in results]
+    return {"schedule": schedule, "losses": losses, "largest": largest, "sent": sent}
