@@ -52,7 +52,6 @@ from torch.distributed.pipelining import (
 from torch.distributed.tensor import DTensor
 
 from runtime.pipeline_work import AHEAD, BACK, Hop, StageSteps, StepState
-from runtime.planned_step import redistribute
 from strategies.plan.pipeline import (
     BACKWARD,
     FORWARD,
@@ -275,7 +274,7 @@ class TorchStages:
 
     def _piece(self, env: Mapping[fx.Node, Any], node: fx.Node) -> torch.Tensor:
         # a new tensor object (on the same storage): the piece becomes an output of the stage's autograd node
-        return redistribute(env[node], self.step.planned(node)).to_local().contiguous().detach()
+        return self.step.piece(env, node).detach()
 
 
 def _loss_of_output(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -295,7 +294,7 @@ class _StageFunction(torch.autograd.Function):
         anchor: torch.Tensor,
         *received: torch.Tensor,
     ) -> Any:
-        ctx.stages, ctx.stage, ctx.microbatch, ctx.received = stages, stage, microbatch, len(received)
+        ctx.stages, ctx.stage, ctx.microbatch = stages, stage, microbatch
         sent = stages.forward(stage, microbatch, received)
         if stage < len(stages.step.stages) - 1:
             ctx.mark_non_differentiable(
@@ -306,7 +305,7 @@ class _StageFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *gradients: torch.Tensor) -> Any:
         back = ctx.stages.backward(ctx.stage, ctx.microbatch, gradients)
-        return (None, None, None, None, *(back or [None] * ctx.received))
+        return (None, None, None, None, *back)  # the first stage receives nothing: no pieces back
 
 
 class _StageModule(nn.Module):
@@ -366,8 +365,6 @@ class _PlannedStage(PipelineStage):
 
 def torch_stages(step: StageSteps) -> TorchStages | str:
     """This rank's stages of ``step`` on ``torch.distributed.pipelining``, or why they cannot carry it."""
-    if step.schedule not in SCHEDULES:
-        return f"torch.distributed.pipelining has no class for the schedule {step.schedule!r}"
     slots: list[CutSlots] = []
     for cut in range(len(step.stages) - 1):
         found = _slots(step, cut)

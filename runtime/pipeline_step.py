@@ -445,12 +445,16 @@ class PipelineStep:
         assert spec is not None, f"{node.name} is not a tensor"
         return tuple(to_dtensor(spec))
 
+    def piece(self, env: Mapping[fx.Node, Any], node: fx.Node) -> torch.Tensor:
+        """This rank's piece of ``node``'s value, in its planned placements: what goes over a cut."""
+        value = env[node]
+        if not isinstance(value, DTensor):
+            raise PlanMismatch(f"pipeline: {node.name}, read on another stage, is not a tensor")
+        return redistribute(value, self.planned(node)).to_local().contiguous()
+
     def send(self, hop: Hop, env: dict[fx.Node, Any], pending: list[Any]) -> None:
         for index, node in enumerate(hop.nodes):
-            value = env[node]
-            if not isinstance(value, DTensor):
-                raise PlanMismatch(f"pipeline: {node.name}, read on another stage, is not a tensor")
-            local = redistribute(value, self.planned(node)).to_local().contiguous()
+            local = self.piece(env, node)
             tag = self._tag(hop.action, hop.direction, hop.cut, index)
             pending.append((self._send_piece(local, self._peer(hop.stage), tag), local))
 

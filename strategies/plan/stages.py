@@ -22,8 +22,8 @@ one plan of the whole model on those axes, at the size of one micro-batch, gives
   stage to stage: the residual stream and what every layer reads, forward; their gradients, backward; over
   the link between the stages' ranks), simulates the schedule over the micro-batches and gives the step, each
   stage's bubble and each stage's peak memory: its parameters' share, the activations of the micro-batches it
-  holds at once and the plan's working memory at its peak (what it holds beyond parameters and kept
-  activations).
+  holds at once, the plan's working memory at its peak (what it holds beyond parameters and kept
+  activations) and the receive buffers torch's ``PipelineStage`` keeps for every micro-batch.
 
 A parameter read by ops of stages on two ranks of the pipeline axis (GPT-2's embedding, tied to its output
 head) is held on each (its memory, with its optimizer state, counted on both); its gradient is made on one
